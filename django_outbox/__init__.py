@@ -1,0 +1,30 @@
+"""A transactional outbox for Django.
+
+``outbox.send()`` writes a message in the caller's transaction; ``manage.py outbox_worker`` relays it
+at least once. See docs/ for the guarantees.
+"""
+
+from .api import Outbox, outbox
+from .exceptions import (
+    DeliveryError,
+    MissingExtraError,
+    OutboxError,
+    OutboxImproperlyConfigured,
+    PayloadTooLargeError,
+    PermanentDeliveryError,
+    TransientDeliveryError,
+    UnknownTopicError,
+)
+
+__all__ = [
+    "DeliveryError",
+    "MissingExtraError",
+    "Outbox",
+    "OutboxError",
+    "OutboxImproperlyConfigured",
+    "PayloadTooLargeError",
+    "PermanentDeliveryError",
+    "TransientDeliveryError",
+    "UnknownTopicError",
+    "outbox",
+]

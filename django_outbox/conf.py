@@ -1,0 +1,253 @@
+"""Typed view of ``settings.OUTBOX``.
+
+Read lazily and cached until Django's ``setting_changed`` fires, so ``override_settings`` works in
+tests and nothing is read at import time. Validation collects every problem with a stable check id;
+``manage.py check`` reports them all, while code paths that need the settings raise on the first.
+"""
+
+from __future__ import annotations
+
+import functools
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from typing import Any
+
+from django.conf import settings as django_settings
+from django.core.signals import setting_changed
+from django.dispatch import receiver
+
+from .exceptions import OutboxImproperlyConfigured
+
+#: The implicit transport that calls ``@outbox.handler`` functions in the worker process.
+HANDLER_TRANSPORT = "handler"
+HANDLER_BACKEND = "django_outbox.transports.handler.HandlerTransport"
+
+
+@dataclass(frozen=True, kw_only=True, slots=True)
+class TransportConfig:
+    name: str
+    backend: str
+    options: Mapping[str, Any]
+
+
+@dataclass(frozen=True, kw_only=True, slots=True)
+class OutboxSettings:
+    MAX_ATTEMPTS: int = 10
+    BACKOFF_BASE_SECONDS: float = 2.0
+    BACKOFF_MAX_SECONDS: float = 3600.0
+    LEASE_SECONDS: float = 60.0
+    POLL_INTERVAL_SECONDS: float = 5.0
+    BATCH_SIZE: int = 100
+    CONCURRENCY: int = 1
+    GRACE_PERIOD_SECONDS: float = 30.0
+    MAX_PAYLOAD_BYTES: int = 1_000_000
+    DATABASE: str = "default"
+    NOTIFY: bool = True
+    NOTIFY_CHANNEL: str = "django_outbox"
+    ROUTES: Mapping[str, str] = field(default_factory=dict)
+    TRANSPORTS: Mapping[str, TransportConfig] = field(default_factory=dict)
+
+
+@dataclass(frozen=True, slots=True)
+class Problem:
+    """One thing wrong with ``settings.OUTBOX``; ``id`` is the system check id."""
+
+    id: str
+    msg: str
+    hint: str
+
+
+_NUMBERS: dict[str, tuple[type, float]] = {
+    # name: (type, smallest allowed value)
+    "MAX_ATTEMPTS": (int, 1),
+    "BACKOFF_BASE_SECONDS": (float, 0),
+    "BACKOFF_MAX_SECONDS": (float, 0),
+    "LEASE_SECONDS": (float, 1),
+    "POLL_INTERVAL_SECONDS": (float, 0.01),
+    "BATCH_SIZE": (int, 1),
+    "CONCURRENCY": (int, 1),
+    "GRACE_PERIOD_SECONDS": (float, 0),
+    "MAX_PAYLOAD_BYTES": (int, 1),
+}
+_KNOWN = set(OutboxSettings.__dataclass_fields__)
+
+
+def _parse(raw: object) -> tuple[OutboxSettings, list[Problem]]:
+    problems: list[Problem] = []
+    if raw is None:
+        raw = {}
+    if not isinstance(raw, Mapping):
+        return OutboxSettings(), [
+            Problem(
+                "django_outbox.E001",
+                f"OUTBOX must be a dict, not {type(raw).__name__}.",
+                'Write OUTBOX = {"MAX_ATTEMPTS": 10, ...} in your settings.',
+            )
+        ]
+    values: dict[str, Any] = {}
+    for name in sorted(set(raw) - _KNOWN, key=str):
+        problems.append(
+            Problem(
+                "django_outbox.E002",
+                f"OUTBOX has an unknown key {name!r}.",
+                f"Known keys: {', '.join(sorted(_KNOWN))}.",
+            )
+        )
+    for name, (kind, minimum) in _NUMBERS.items():
+        if name not in raw:
+            continue
+        value = raw[name]
+        ok_type = isinstance(value, int) if kind is int else isinstance(value, int | float)
+        if isinstance(value, bool) or not ok_type or value < minimum:
+            problems.append(
+                Problem(
+                    "django_outbox.E003",
+                    f"OUTBOX[{name!r}] must be {'an integer' if kind is int else 'a number'} "
+                    f">= {minimum}, not {value!r}.",
+                    "Fix the value or remove the key to use the default.",
+                )
+            )
+        else:
+            values[name] = kind(value)
+    for name in ("NOTIFY",):
+        if name in raw:
+            if isinstance(raw[name], bool):
+                values[name] = raw[name]
+            else:
+                problems.append(
+                    Problem(
+                        "django_outbox.E003",
+                        f"OUTBOX[{name!r}] must be True or False.",
+                        "Fix the value or remove the key to use the default.",
+                    )
+                )
+    for name in ("DATABASE", "NOTIFY_CHANNEL"):
+        if name in raw:
+            if isinstance(raw[name], str) and raw[name]:
+                values[name] = raw[name]
+            else:
+                problems.append(
+                    Problem(
+                        "django_outbox.E003",
+                        f"OUTBOX[{name!r}] must be a non-empty string.",
+                        "Fix the value or remove the key to use the default.",
+                    )
+                )
+    if "DATABASE" in values and values["DATABASE"] not in django_settings.DATABASES:
+        problems.append(
+            Problem(
+                "django_outbox.E004",
+                f"OUTBOX['DATABASE'] names {values['DATABASE']!r}, which is not in DATABASES.",
+                f"Use one of: {', '.join(django_settings.DATABASES)}.",
+            )
+        )
+
+    transports, transport_problems = _parse_transports(raw.get("TRANSPORTS", {}))
+    problems += transport_problems
+    values["TRANSPORTS"] = transports
+    routes, route_problems = _parse_routes(raw.get("ROUTES", {}), transports)
+    problems += route_problems
+    values["ROUTES"] = routes
+    parsed = OutboxSettings(**values)
+    if parsed.BACKOFF_MAX_SECONDS < parsed.BACKOFF_BASE_SECONDS:
+        problems.append(
+            Problem(
+                "django_outbox.E003",
+                "OUTBOX['BACKOFF_MAX_SECONDS'] is smaller than OUTBOX['BACKOFF_BASE_SECONDS'].",
+                "The cap must be at least the first delay.",
+            )
+        )
+    return parsed, problems
+
+
+def _parse_transports(raw: object) -> tuple[dict[str, TransportConfig], list[Problem]]:
+    transports = {HANDLER_TRANSPORT: TransportConfig(name=HANDLER_TRANSPORT, backend=HANDLER_BACKEND, options={})}
+    if not isinstance(raw, Mapping):
+        return transports, [
+            Problem(
+                "django_outbox.E010",
+                "OUTBOX['TRANSPORTS'] must be a dict of name to config.",
+                'Example: {"hooks": {"BACKEND": "dotted.path.Transport", "OPTIONS": {}}}',
+            )
+        ]
+    problems = []
+    for name, config in raw.items():
+        if not isinstance(config, Mapping) or not isinstance(config.get("BACKEND"), str):
+            problems.append(
+                Problem(
+                    "django_outbox.E010",
+                    f"OUTBOX['TRANSPORTS'][{name!r}] must be a dict with a 'BACKEND' dotted path.",
+                    'Example: {"BACKEND": "django_outbox.transports.webhook.WebhookTransport"}',
+                )
+            )
+            continue
+        extra = set(config) - {"BACKEND", "OPTIONS"}
+        options = config.get("OPTIONS", {})
+        if extra or not isinstance(options, Mapping):
+            problems.append(
+                Problem(
+                    "django_outbox.E010",
+                    f"OUTBOX['TRANSPORTS'][{name!r}] takes only 'BACKEND' and an 'OPTIONS' dict.",
+                    "Move transport settings under 'OPTIONS'.",
+                )
+            )
+            continue
+        transports[str(name)] = TransportConfig(name=str(name), backend=config["BACKEND"], options=dict(options))
+    return transports, problems
+
+
+def _parse_routes(raw: object, transports: Mapping[str, TransportConfig]) -> tuple[dict[str, str], list[Problem]]:
+    if not isinstance(raw, Mapping):
+        return {}, [
+            Problem(
+                "django_outbox.E020",
+                "OUTBOX['ROUTES'] must be a dict of topic pattern to transport.",
+                'Example: {"orders.*": "webhooks"}',
+            )
+        ]
+    routes: dict[str, str] = {}
+    problems = []
+    for pattern, name in raw.items():
+        if not isinstance(pattern, str) or not pattern or not isinstance(name, str):
+            problems.append(
+                Problem(
+                    "django_outbox.E020",
+                    f"OUTBOX['ROUTES'] entry {pattern!r}: {name!r} is not a pattern and a name.",
+                    "Both must be non-empty strings.",
+                )
+            )
+        elif name not in transports:
+            problems.append(
+                Problem(
+                    "django_outbox.E021",
+                    f"OUTBOX['ROUTES'][{pattern!r}] names transport {name!r}, which is not in OUTBOX['TRANSPORTS'].",
+                    f"Known transports: {', '.join(sorted(transports))}.",
+                )
+            )
+        else:
+            routes[pattern] = name
+    return routes, problems
+
+
+@functools.cache
+def _load() -> tuple[OutboxSettings, tuple[Problem, ...]]:
+    parsed, problems = _parse(getattr(django_settings, "OUTBOX", None))
+    return parsed, tuple(problems)
+
+
+def problems() -> tuple[Problem, ...]:
+    return _load()[1]
+
+
+def get_settings() -> OutboxSettings:
+    parsed, found = _load()
+    if found:
+        first = found[0]
+        raise OutboxImproperlyConfigured(f"{first.msg} {first.hint} ({first.id}; run 'manage.py check')")
+    return parsed
+
+
+@receiver(setting_changed)
+def _clear_cache(*, setting: str, **kwargs: object) -> None:
+    if setting in ("OUTBOX", "DATABASES"):
+        _load.cache_clear()

@@ -1,0 +1,109 @@
+"""``manage.py outbox_worker``: parse options, build the relay, run it until stopped."""
+
+from __future__ import annotations
+
+import signal
+import sys
+from types import FrameType
+from typing import Any
+
+from django.core.management.base import BaseCommand, CommandError, CommandParser
+
+from django_outbox.relay import Relay, RelayConfig, Stats
+
+
+def _positive_int(value: str) -> int:
+    number = int(value)
+    if number < 1:
+        raise ValueError(value)
+    return number
+
+
+def _positive_float(value: str) -> float:
+    number = float(value)
+    if number <= 0:
+        raise ValueError(value)
+    return number
+
+
+class Command(BaseCommand):
+    help = "Relay outbox messages to their destinations until stopped (SIGTERM/SIGINT stop gracefully)."
+
+    def add_arguments(self, parser: CommandParser) -> None:
+        parser.add_argument(
+            "--until-empty",
+            action="store_true",
+            help="Exit once nothing can be claimed now and nothing is being processed.",
+        )
+        parser.add_argument("--batch-size", type=_positive_int, help="Messages claimed per batch (default 100).")
+        parser.add_argument("--concurrency", type=_positive_int, help="Delivery threads (default 1).")
+        parser.add_argument(
+            "--topics",
+            nargs="+",
+            metavar="TOPIC",
+            help="Only relay these topics; shell patterns such as 'orders.*' allowed.",
+        )
+        parser.add_argument(
+            "--lease",
+            type=_positive_float,
+            metavar="SECONDS",
+            help="How long a claim is held before another worker may take it over.",
+        )
+        parser.add_argument(
+            "--poll-interval",
+            type=_positive_float,
+            metavar="SECONDS",
+            help="Longest sleep between looks at the table when no wake-up arrives.",
+        )
+        parser.add_argument("--database", help="Database alias holding the outbox (default OUTBOX['DATABASE']).")
+
+    def handle(self, *args: Any, **options: Any) -> None:
+        config = RelayConfig.from_settings(
+            database=options["database"],
+            batch_size=options["batch_size"],
+            concurrency=options["concurrency"],
+            topics=tuple(options["topics"] or ()),
+            lease_seconds=options["lease"],
+            poll_interval=options["poll_interval"],
+            until_empty=options["until_empty"] or None,
+        )
+        relay = Relay(config)
+        self._install_signal_handlers(relay)
+        verbosity = options["verbosity"]
+        if verbosity >= 1:
+            self.stdout.write(
+                f"outbox worker {config.worker_id} relaying from database {config.database!r} "
+                f"({'until empty' if config.until_empty else 'Ctrl-C to stop'})"
+            )
+        relay.run(progress=self._progress if verbosity >= 1 else None)
+        if relay.stats.in_flight:
+            raise CommandError("stopped with deliveries still in progress; their leases will expire")
+
+    def _progress(self, stats: Stats) -> None:
+        line = (
+            f"delivered {stats.delivered}  failed {stats.failed}  dead {stats.dead}  "
+            f"in flight {stats.in_flight}  {stats.rate():.1f} msg/s"
+        )
+        if self.stdout.isatty():
+            self.stdout.write("\r" + line, ending="")
+            self.stdout.flush()
+        else:
+            self.stdout.write(line)
+
+    def _install_signal_handlers(self, relay: Relay) -> None:
+        def handle(signum: int, frame: FrameType | None) -> None:
+            if relay.stopping:
+                sys.stderr.write("second signal: stopping without waiting for deliveries in progress\n")
+                relay.stop(graceful=False)
+            else:
+                sys.stderr.write(
+                    f"{signal.Signals(signum).name}: finishing deliveries in progress, then stopping "
+                    "(signal again to stop at once)\n"
+                )
+                relay.stop()
+
+        try:
+            signal.signal(signal.SIGTERM, handle)
+            signal.signal(signal.SIGINT, handle)
+        except ValueError:  # not the main thread (e.g. call_command from a test thread)
+            pass

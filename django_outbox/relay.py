@@ -1,0 +1,454 @@
+"""The worker loop: wait, claim, deliver, record, shut down. No query is built here; ``store`` has them.
+
+Threads:
+- ``concurrency`` delivery threads, each claiming its own batch, delivering it in id order with no
+  transaction open, then recording every outcome in one statement;
+- one keeper thread that extends the leases of what this worker holds (so a slow but healthy delivery
+  is not taken away), reaps the leases of dead workers and writes the worker's heartbeat row;
+- on PostgreSQL, one listener thread that turns ``NOTIFY`` into a wake-up.
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+import logging
+import os
+import random
+import secrets
+import socket
+import threading
+import time
+import traceback
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+
+from django.db import DatabaseError, close_old_connections, connections
+from django.utils import timezone
+
+from . import signals, store
+from .conf import get_settings
+from .exceptions import DeliveryError, PermanentDeliveryError
+from .models import Message
+from .routing import resolve_transport
+from .transports.registry import TransportSet
+from .wakeup import Listener
+
+logger = logging.getLogger("django_outbox.relay")
+
+ERROR_MAX_CHARS = 4000
+
+
+def new_worker_id() -> str:
+    return f"{socket.gethostname()}:{os.getpid()}:{secrets.token_hex(3)}"
+
+
+@dataclass(frozen=True, kw_only=True, slots=True)
+class RelayConfig:
+    database: str = "default"
+    batch_size: int = 100
+    concurrency: int = 1
+    topics: tuple[str, ...] = ()
+    lease_seconds: float = 60.0
+    poll_interval: float = 5.0
+    until_empty: bool = False
+    grace_period: float = 30.0
+    notify: bool = True
+    worker_id: str = field(default_factory=new_worker_id)
+
+    @classmethod
+    def from_settings(cls, **overrides: object) -> RelayConfig:
+        conf = get_settings()
+        values: dict[str, object] = {
+            "database": conf.DATABASE,
+            "batch_size": conf.BATCH_SIZE,
+            "concurrency": conf.CONCURRENCY,
+            "lease_seconds": conf.LEASE_SECONDS,
+            "poll_interval": conf.POLL_INTERVAL_SECONDS,
+            "grace_period": conf.GRACE_PERIOD_SECONDS,
+            "notify": conf.NOTIFY,
+        }
+        values.update({k: v for k, v in overrides.items() if v is not None})
+        return cls(**values)  # type: ignore[arg-type]
+
+
+@dataclass(kw_only=True)
+class Stats:
+    started: float = field(default_factory=time.monotonic)
+    delivered: int = 0
+    failed: int = 0
+    dead: int = 0
+    in_flight: int = 0
+    lost_leases: int = 0
+    reaped: int = 0
+    lock: threading.Lock = field(default_factory=threading.Lock, repr=False)
+
+    def rate(self) -> float:
+        elapsed = time.monotonic() - self.started
+        return self.delivered / elapsed if elapsed > 0 else 0.0
+
+
+def backoff_seconds(attempt: int, *, base: float, cap: float, retry_after: float | None = None) -> float:
+    """Capped exponential backoff with jitter (half fixed, half random), at least ``retry_after``."""
+    ceiling = min(cap, base * (2 ** max(attempt - 1, 0)))
+    delay = ceiling / 2 + random.uniform(0, ceiling / 2)
+    if retry_after is not None:
+        delay = max(delay, float(retry_after))
+    return float(delay)
+
+
+def describe_error(exc: BaseException) -> str:
+    """The error and the tail of its traceback: what an operator needs, bounded in size."""
+    text = "".join(traceback.format_exception(exc, limit=-8)).strip()
+    if len(text) > ERROR_MAX_CHARS:
+        text = "...\n" + text[-ERROR_MAX_CHARS:]
+    return text
+
+
+class Relay:
+    def __init__(self, config: RelayConfig) -> None:
+        self.config = config
+        self.stats = Stats()
+        self._stopping = threading.Event()  # no new claims
+        self._halt = threading.Event()  # do not start another delivery of a claimed batch either
+        self._force = threading.Event()  # do not wait for deliveries in progress
+        self._wake = threading.Event()
+        self._done = threading.Event()
+        self._threads: list[threading.Thread] = []
+        self.listener: Listener | None = None
+        self.started_at = timezone.now()
+
+    # --- control ---------------------------------------------------------------------------------
+
+    def stop(self, *, graceful: bool = True) -> None:
+        """Stop claiming and starting deliveries; claimed but unstarted messages are released.
+
+        Deliveries in progress get the grace period to finish, unless ``graceful`` is false.
+        """
+        self._halt.set()
+        self._stopping.set()
+        if not graceful:
+            self._force.set()
+        self._wake.set()
+
+    @property
+    def stopping(self) -> bool:
+        return self._stopping.is_set()
+
+    def run(self, *, progress: Callable[[Stats], None] | None = None, progress_every: float = 2.0) -> None:
+        """Relay until stopped (or, with ``until_empty``, until nothing is left to do now)."""
+        cfg = self.config
+        logger.info(
+            "worker %s starting: database=%s concurrency=%d batch=%d topics=%s",
+            cfg.worker_id,
+            cfg.database,
+            cfg.concurrency,
+            cfg.batch_size,
+            ",".join(cfg.topics) or "*",
+        )
+        if cfg.notify and connections[cfg.database].vendor == "postgresql":
+            self.listener = Listener(cfg.database, self._wake, lambda: self._stopping.is_set())
+            self.listener.start()
+        keeper = threading.Thread(target=self._keep, name="outbox-keeper", daemon=True)
+        keeper.start()
+        self._threads = [
+            threading.Thread(target=self._deliver_loop, name=f"outbox-delivery-{i}", daemon=True)
+            for i in range(cfg.concurrency)
+        ]
+        for thread in self._threads:
+            thread.start()
+        next_progress = time.monotonic() + progress_every
+        while any(t.is_alive() for t in self._threads):
+            if self._stopping.is_set():
+                self._await_threads(cfg.grace_period)
+                break
+            self._stopping.wait(0.2)
+            if progress is not None and time.monotonic() >= next_progress:
+                progress(self.stats)
+                next_progress = time.monotonic() + progress_every
+        self._stopping.set()
+        self._done.set()
+        keeper.join(timeout=10)
+        if progress is not None:
+            progress(self.stats)
+        logger.info(
+            "worker %s stopped: delivered=%d failed=%d dead=%d",
+            cfg.worker_id,
+            self.stats.delivered,
+            self.stats.failed,
+            self.stats.dead,
+        )
+
+    def _await_threads(self, grace: float) -> None:
+        deadline = time.monotonic() + grace
+        for thread in self._threads:
+            while thread.is_alive() and time.monotonic() < deadline and not self._force.is_set():
+                thread.join(timeout=0.1)
+        if any(t.is_alive() for t in self._threads):
+            logger.warning(
+                "grace period of %.0fs over with deliveries still running; their leases will "
+                "expire and other workers will retry them",
+                grace,
+            )
+
+    # --- delivery threads ------------------------------------------------------------------------
+
+    def drain(self) -> Stats:
+        """Relay everything due now in the calling thread and its connection (no threads, no keeper).
+
+        For tests and scripts: it sees what the caller's own transaction sees.
+        """
+        transports = TransportSet()
+        try:
+            while self._cycle(transports):
+                pass
+        finally:
+            transports.close()
+        return self.stats
+
+    def _cycle(self, transports: TransportSet) -> bool:
+        """Claim one batch and process it; False when nothing was claimable."""
+        cfg = self.config
+        batch = store.claim(
+            cfg.database, worker=cfg.worker_id, limit=cfg.batch_size, lease_seconds=cfg.lease_seconds, topics=cfg.topics
+        )
+        if batch:
+            self._process(batch, transports)
+        return bool(batch)
+
+    def _deliver_loop(self) -> None:
+        cfg = self.config
+        transports = TransportSet()
+        failures = 0
+        try:
+            while not self._stopping.is_set():
+                close_old_connections()
+                try:
+                    self._wake.clear()
+                    if self._cycle(transports):
+                        failures = 0
+                        continue
+                    if cfg.until_empty and not store.any_processing(cfg.database, topics=cfg.topics):
+                        logger.info("nothing left to claim now and nothing in flight: stopping")
+                        self._stopping.set()
+                        break
+                    self._idle()
+                    failures = 0
+                except DatabaseError as exc:
+                    failures += 1
+                    self._database_down(exc, failures)
+        finally:
+            transports.close()
+            connections.close_all()
+
+    def _idle(self) -> None:
+        cfg = self.config
+        timeout = cfg.poll_interval
+        if cfg.until_empty:
+            timeout = min(timeout, 0.2)  # nothing may be claimable only because a lease is expiring
+        due = store.next_due(cfg.database, topics=cfg.topics)
+        if due is not None:
+            timeout = max(0.0, min(timeout, (due - timezone.now()).total_seconds()))
+        self._wake.wait(timeout)
+
+    def _database_down(self, exc: BaseException, failures: int) -> None:
+        delay = min(10.0, 0.2 * 2 ** min(failures, 6))
+        logger.warning(
+            "database %r unavailable (%s); retrying in %.1fs",
+            self.config.database,
+            str(exc).strip() or type(exc).__name__,
+            delay,
+        )
+        try:
+            connections[self.config.database].close()
+        except DatabaseError:
+            pass
+        self._stopping.wait(delay)
+
+    def _process(self, batch: Sequence[Message], transports: TransportSet) -> None:
+        with self.stats.lock:
+            self.stats.in_flight += len(batch)
+        outcomes: list[store.Outcome] = []
+        unstarted: list[int] = []
+        try:
+            for index, message in enumerate(batch):
+                if self._halt.is_set():
+                    unstarted = [m.id for m in batch[index:]]
+                    break
+                outcomes.append(self._deliver_one(message, transports))
+        finally:
+            lost = self._record(outcomes)
+            if unstarted:
+                self._release(unstarted)
+            with self.stats.lock:
+                self.stats.in_flight -= len(batch)
+        self._announce(batch, outcomes, lost)
+
+    def _deliver_one(self, message: Message, transports: TransportSet) -> store.Outcome:
+        started = timezone.now()
+        try:
+            transports.get(resolve_transport(message.topic)).deliver(message)
+        except Exception as exc:
+            return self._failure(message, exc, started)
+        return store.Outcome(
+            message_id=message.id,
+            number=message.attempts,
+            status=store.DELIVERED,
+            started_at=started,
+            finished_at=timezone.now(),
+        )
+
+    def _failure(self, message: Message, exc: BaseException, started: dt.datetime) -> store.Outcome:
+        conf = get_settings()
+        error = describe_error(exc)
+        finished = timezone.now()
+        if isinstance(exc, PermanentDeliveryError) or message.attempts >= message.max_attempts:
+            return store.Outcome(
+                message_id=message.id,
+                number=message.attempts,
+                status=store.DEAD,
+                started_at=started,
+                finished_at=finished,
+                error=error,
+            )
+        delay = backoff_seconds(
+            message.attempts,
+            base=conf.BACKOFF_BASE_SECONDS,
+            cap=conf.BACKOFF_MAX_SECONDS,
+            retry_after=exc.retry_after if isinstance(exc, DeliveryError) else None,
+        )
+        return store.Outcome(
+            message_id=message.id,
+            number=message.attempts,
+            status=store.PENDING,
+            started_at=started,
+            finished_at=finished,
+            error=error,
+            retry_at=finished + dt.timedelta(seconds=delay),
+        )
+
+    def _record(self, outcomes: Sequence[store.Outcome]) -> set[int]:
+        """Store outcomes, riding out a database outage: a late record is still fenced, so it is safe."""
+        if not outcomes:
+            return set()
+        cfg = self.config
+        give_up_at = time.monotonic() + max(2 * cfg.lease_seconds, 60.0)
+        failures = 0
+        while True:
+            try:
+                lost = store.record(cfg.database, worker=cfg.worker_id, outcomes=outcomes)
+                break
+            except DatabaseError as exc:
+                failures += 1
+                if time.monotonic() > give_up_at or self._halt.is_set():
+                    logger.error(
+                        "could not record %d outcomes (%s); their leases will expire and the "
+                        "messages will be delivered again",
+                        len(outcomes),
+                        exc,
+                    )
+                    return {o.message_id for o in outcomes}
+                self._database_down(exc, failures)
+        with self.stats.lock:
+            for o in outcomes:
+                if o.message_id in lost:
+                    self.stats.lost_leases += 1
+                elif o.status == store.DELIVERED:
+                    self.stats.delivered += 1
+                elif o.status == store.DEAD:
+                    self.stats.dead += 1
+                else:
+                    self.stats.failed += 1
+        if lost:
+            logger.warning("lease lost for messages %s before their outcome was recorded", sorted(lost))
+        return lost
+
+    def _release(self, message_ids: list[int]) -> None:
+        try:
+            released = store.release(self.config.database, worker=self.config.worker_id, message_ids=message_ids)
+        except DatabaseError as exc:
+            logger.warning(
+                "could not release %d unstarted messages (%s); their leases will expire", len(message_ids), exc
+            )
+            return
+        logger.info("released %d claimed but unstarted messages", released)
+
+    def _announce(self, batch: Sequence[Message], outcomes: Sequence[store.Outcome], lost: set[int]) -> None:
+        by_id = {m.id: m for m in batch}
+        for o in outcomes:
+            message = by_id[o.message_id]
+            if o.message_id in lost:
+                continue
+            if o.status == store.DELIVERED:
+                logger.debug("delivered %s #%d (attempt %d)", message.topic, message.id, o.number)
+                if signals.message_delivered.has_listeners(Message):
+                    signals.message_delivered.send_robust(Message, message=message, attempt=o.number)
+            elif o.status == store.DEAD:
+                logger.error(
+                    "message %s #%d is dead after attempt %d: %s",
+                    message.topic,
+                    message.id,
+                    o.number,
+                    o.error.splitlines()[-1] if o.error else "",
+                )
+                signals.message_dead.send_robust(Message, message=message, attempt=o.number, error=o.error)
+            else:
+                logger.warning(
+                    "attempt %d of %s #%d failed, retrying at %s: %s",
+                    o.number,
+                    message.topic,
+                    message.id,
+                    o.retry_at,
+                    o.error.splitlines()[-1] if o.error else "",
+                )
+                signals.message_failed.send_robust(
+                    Message, message=message, attempt=o.number, error=o.error, retry_at=o.retry_at
+                )
+
+    # --- keeper ----------------------------------------------------------------------------------
+
+    def _keep(self) -> None:
+        cfg = self.config
+        interval = max(0.2, min(cfg.lease_seconds / 3, 5.0))
+        hostname, pid = socket.gethostname(), os.getpid()
+
+        def beat(*, stopped: bool = False) -> store.WorkerBeat:
+            return store.WorkerBeat(
+                worker_id=cfg.worker_id,
+                hostname=hostname,
+                pid=pid,
+                started_at=self.started_at,
+                in_flight=0 if stopped else self.stats.in_flight,
+                delivered=self.stats.delivered,
+                failed=self.stats.failed + self.stats.dead,
+                stopped=stopped,
+            )
+
+        try:
+            while not self._done.is_set():
+                close_old_connections()
+                try:
+                    if self.stats.in_flight:
+                        store.extend_leases(cfg.database, worker=cfg.worker_id, lease_seconds=cfg.lease_seconds)
+                    reaped = store.reap(cfg.database)
+                    if reaped:
+                        self.stats.reaped += len(reaped)
+                        logger.warning(
+                            "requeued %d messages whose worker's lease expired: %s",
+                            len(reaped),
+                            ", ".join(f"#{r.message_id}->{r.status}" for r in reaped[:20]),
+                        )
+                        self._wake.set()
+                    store.heartbeat(cfg.database, beat())
+                except DatabaseError as exc:
+                    logger.warning("keeper could not reach the database (%s)", exc)
+                    try:
+                        connections[cfg.database].close()
+                    except DatabaseError:
+                        pass
+                self._done.wait(interval)
+            try:
+                store.heartbeat(cfg.database, beat(stopped=True))
+            except DatabaseError:
+                pass
+        finally:
+            connections.close_all()

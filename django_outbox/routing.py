@@ -1,0 +1,99 @@
+"""Which transport serves a topic.
+
+Explicit ``OUTBOX["ROUTES"]`` win (first matching pattern, in the order written); a topic no route
+names falls back to the local ``@outbox.handler`` functions. Patterns use shell wildcards
+(``orders.*``, ``*.created``), matched case-sensitively.
+"""
+
+from __future__ import annotations
+
+import fnmatch
+import functools
+import re
+from collections.abc import Callable
+from typing import TYPE_CHECKING
+
+from django.core.signals import setting_changed
+
+from .conf import HANDLER_TRANSPORT, get_settings
+from .exceptions import UnknownTopicError
+
+if TYPE_CHECKING:
+    from .models import Message
+
+Handler = Callable[["Message"], object]
+
+
+@functools.lru_cache(maxsize=1024)
+def _compile(pattern: str) -> re.Pattern[str]:
+    return re.compile(fnmatch.translate(pattern))
+
+
+def matches(pattern: str, topic: str) -> bool:
+    return pattern == topic or _compile(pattern).match(topic) is not None
+
+
+class HandlerRegistry:
+    """Local handlers by topic pattern; an exact topic beats a pattern, then the first pattern registered."""
+
+    def __init__(self) -> None:
+        self._handlers: dict[str, Handler] = {}
+
+    def register(self, pattern: str, func: Handler) -> None:
+        if not isinstance(pattern, str) or not pattern:
+            raise TypeError("outbox.handler() needs a topic or pattern string, e.g. @outbox.handler('orders.*')")
+        existing = self._handlers.get(pattern)
+        if existing is not None and _qualname(existing) != _qualname(func):
+            raise ValueError(
+                f"Two handlers for topic pattern {pattern!r}: {_qualname(existing)} and {_qualname(func)}. "
+                "Each pattern may have one handler; call the second from the first if both must run."
+            )
+        self._handlers[pattern] = func
+        resolve_transport.cache_clear()
+
+    def unregister(self, pattern: str) -> None:
+        self._handlers.pop(pattern, None)
+        resolve_transport.cache_clear()
+
+    def find(self, topic: str) -> Handler | None:
+        exact = self._handlers.get(topic)
+        if exact is not None:
+            return exact
+        for pattern, func in self._handlers.items():
+            if matches(pattern, topic):
+                return func
+        return None
+
+    def patterns(self) -> list[str]:
+        return list(self._handlers)
+
+
+def _qualname(func: Handler) -> str:
+    return f"{getattr(func, '__module__', '?')}.{getattr(func, '__qualname__', repr(func))}"
+
+
+registry = HandlerRegistry()
+
+
+@functools.lru_cache(maxsize=4096)
+def resolve_transport(topic: str) -> str:
+    """Name of the transport that delivers ``topic``; raises ``UnknownTopicError`` if none does."""
+    routes = get_settings().ROUTES
+    for pattern, name in routes.items():
+        if matches(pattern, topic):
+            return name
+    if registry.find(topic) is not None:
+        return HANDLER_TRANSPORT
+    raise UnknownTopicError(
+        f"No route or handler serves topic {topic!r}. Register one with @outbox.handler({topic!r}) in an "
+        f"app's outbox.py, or add a pattern for it to OUTBOX['ROUTES']"
+        + (f" (current patterns: {', '.join(routes)})." if routes else ".")
+    )
+
+
+def _clear_on_setting_change(*, setting: str, **kwargs: object) -> None:
+    if setting == "OUTBOX":
+        resolve_transport.cache_clear()
+
+
+setting_changed.connect(_clear_on_setting_change, dispatch_uid="django_outbox.routing")

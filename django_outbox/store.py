@@ -1,0 +1,537 @@
+"""Every statement that reads or changes outbox rows.
+
+The relay loop never builds a query: it calls these functions. Each runs in autocommit as one statement
+where the database allows (PostgreSQL data-modifying CTEs, SQLite ``UPDATE ... RETURNING``), so a claim
+or an ack is one round trip and no transaction outlives the function. Rows come back as ``Message``
+instances built straight from the cursor (no per-row queries), with Django's own converters applied.
+
+Time comes from the caller's clock (``timezone.now()``): hosts running workers must keep their clocks
+in sync (NTP); leases tolerate skew far below their length.
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+import functools
+import uuid as uuid_module
+from collections.abc import Callable, Iterable, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+from django.db import connections, transaction
+from django.db.backends.base.base import BaseDatabaseWrapper
+from django.db.utils import NotSupportedError
+from django.utils import timezone
+
+from .models import Attempt, Message, Worker
+
+MESSAGE = Message._meta.db_table
+ATTEMPT = Attempt._meta.db_table
+WORKER = Worker._meta.db_table
+_FIELDS = Message._meta.concrete_fields
+_COLUMN_NAMES = [str(f.column) for f in _FIELDS]
+COLUMNS = ", ".join(_COLUMN_NAMES)
+PENDING = Message.Status.PENDING.value
+PROCESSING = Message.Status.PROCESSING.value
+DELIVERED = Message.Status.DELIVERED.value
+DEAD = Message.Status.DEAD.value
+CANCELLED = Message.Status.CANCELLED.value
+SUPPORTED_VENDORS = ("postgresql", "sqlite")
+
+
+@dataclass(frozen=True, kw_only=True, slots=True)
+class Outcome:
+    """What happened to one claimed message; ``status`` is where the message goes next."""
+
+    message_id: int
+    number: int
+    status: str  # delivered | pending (retry) | dead
+    started_at: dt.datetime
+    finished_at: dt.datetime
+    error: str = ""
+    retry_at: dt.datetime | None = None
+
+    @property
+    def attempt_outcome(self) -> str:
+        return Attempt.Outcome.DELIVERED if self.status == DELIVERED else Attempt.Outcome.FAILED
+
+
+@dataclass(frozen=True, kw_only=True, slots=True)
+class NewMessage:
+    uuid: uuid_module.UUID
+    topic: str
+    key: str | None
+    payload_json: str
+    headers_json: str
+    idempotency_key: str | None
+    max_attempts: int
+    available_at: dt.datetime
+    created_at: dt.datetime
+
+
+@dataclass(frozen=True, kw_only=True, slots=True)
+class Reaped:
+    message_id: int
+    status: str
+    previous_worker: str
+
+
+def _connection(alias: str) -> BaseDatabaseWrapper:
+    conn = connections[alias]
+    if conn.vendor not in SUPPORTED_VENDORS:
+        raise NotSupportedError(f"django_outbox supports PostgreSQL and SQLite; database {alias!r} is {conn.vendor}.")
+    return conn
+
+
+def _is_pg(conn: BaseDatabaseWrapper) -> bool:
+    return bool(conn.vendor == "postgresql")
+
+
+@functools.cache
+def _decoders(alias: str, vendor: str) -> list[tuple[int, Any, tuple[Callable[..., Any], ...]]]:
+    """For each column of ``COLUMNS`` that needs it, the converters Django's compiler would apply."""
+    conn = connections[alias]
+    decoders = []
+    for i, field in enumerate(_FIELDS):
+        col = field.get_col(MESSAGE)
+        converters = tuple(conn.ops.get_db_converters(col) + field.get_db_converters(conn))
+        if converters:
+            decoders.append((i, col, converters))
+    return decoders
+
+
+def _to_message(alias: str, conn: BaseDatabaseWrapper, row: Sequence[Any]) -> Message:
+    values = list(row)
+    for i, col, converters in _decoders(alias, conn.vendor):
+        value = values[i]
+        for convert in converters:
+            value = convert(value, col, conn)
+        values[i] = value
+    return Message.from_db(alias, _COLUMN_NAMES, values)
+
+
+def _prep_dt(conn: BaseDatabaseWrapper, value: dt.datetime | None) -> Any:
+    return conn.ops.adapt_datetimefield_value(value)
+
+
+def _prep_uuid(conn: BaseDatabaseWrapper, value: uuid_module.UUID) -> Any:
+    return value if conn.features.has_native_uuid_field else value.hex
+
+
+def _jsonb(conn: BaseDatabaseWrapper) -> str:
+    return "%s::jsonb" if _is_pg(conn) else "%s"
+
+
+def _topic_filter(topics: Sequence[str] | None, column: str = "topic") -> tuple[str, list[str]]:
+    """SQL for ``--topics``: exact names, or shell patterns whose ``*`` becomes ``LIKE``'s ``%``."""
+    if not topics:
+        return "", []
+    parts, params = [], []
+    for topic in topics:
+        if "*" in topic or "?" in topic:
+            escaped = topic.replace("\\", "\\\\").replace("%", "\\%").replace("_", "\\_")
+            parts.append(f"{column} LIKE %s ESCAPE '\\'")
+            params.append(escaped.replace("*", "%").replace("?", "_"))
+        else:
+            parts.append(f"{column} = %s")
+            params.append(topic)
+    return " AND (" + " OR ".join(parts) + ")", params
+
+
+# --- producing ---------------------------------------------------------------------------------
+
+
+def insert(alias: str, new: NewMessage) -> tuple[Message, bool]:
+    """Write one pending message in the caller's transaction; returns (message, created).
+
+    A repeated idempotency key returns the stored message and writes nothing. ``ON CONFLICT DO
+    NOTHING`` keeps the caller's transaction usable: a plain unique violation would poison it.
+    """
+    conn = _connection(alias)
+    conflict = " ON CONFLICT (idempotency_key) DO NOTHING" if new.idempotency_key is not None else ""
+    params = [
+        _prep_uuid(conn, new.uuid),
+        new.topic,
+        new.key,
+        new.payload_json,
+        new.headers_json,
+        new.idempotency_key,
+        PENDING,
+        new.max_attempts,
+        _prep_dt(conn, new.available_at),
+        _prep_dt(conn, new.created_at),
+    ]
+    sql = (
+        f"INSERT INTO {MESSAGE} (uuid, topic, key, payload, headers, idempotency_key, status, attempts,"
+        f" max_attempts, available_at, created_at, last_error)"
+        f" VALUES (%s, %s, %s, {_jsonb(conn)}, {_jsonb(conn)}, %s, %s, 0, %s, %s, %s, ''){conflict}"
+        f" RETURNING {COLUMNS}"
+    )
+    with conn.cursor() as cursor:
+        cursor.execute(sql, params)
+        row = cursor.fetchone()
+        if row is None:
+            cursor.execute(f"SELECT {COLUMNS} FROM {MESSAGE} WHERE idempotency_key = %s", [new.idempotency_key])
+            row = cursor.fetchone()
+            if row is None:  # pragma: no cover - the conflicting row was deleted in between
+                raise RuntimeError("idempotency conflict on a message that no longer exists; send again")
+            return _to_message(alias, conn, row), False
+    return _to_message(alias, conn, row), True
+
+
+# --- relaying ----------------------------------------------------------------------------------
+
+
+def claim(
+    alias: str, *, worker: str, limit: int, lease_seconds: float, topics: Sequence[str] | None = None
+) -> list[Message]:
+    """Lease up to ``limit`` due messages to ``worker`` and count the attempt; committed on return."""
+    conn = _connection(alias)
+    now = timezone.now()
+    topic_sql, topic_params = _topic_filter(topics)
+    if _is_pg(conn):
+        sql = (
+            f"WITH picked AS MATERIALIZED (SELECT id FROM {MESSAGE}"
+            f" WHERE status = %s AND available_at <= %s{topic_sql}"
+            f" ORDER BY id LIMIT %s FOR UPDATE SKIP LOCKED)"
+            f" UPDATE {MESSAGE} AS m SET status = %s, locked_by = %s, locked_until = %s,"
+            f" attempts = m.attempts + 1 FROM picked WHERE m.id = picked.id"
+            f" RETURNING {', '.join('m.' + c for c in _COLUMN_NAMES)}"
+        )
+    else:
+        sql = (
+            f"UPDATE {MESSAGE} SET status = %s, locked_by = %s, locked_until = %s, attempts = attempts + 1"
+            f" WHERE id IN (SELECT id FROM {MESSAGE} WHERE status = %s AND available_at <= %s{topic_sql}"
+            f" ORDER BY id LIMIT %s) RETURNING {COLUMNS}"
+        )
+    lease_end = _prep_dt(conn, now + dt.timedelta(seconds=lease_seconds))
+    select_params = [PENDING, _prep_dt(conn, now), *topic_params, limit]
+    set_params = [PROCESSING, worker, lease_end]
+    params = select_params + set_params if _is_pg(conn) else set_params + select_params
+    with conn.cursor() as cursor:
+        cursor.execute(sql, params)
+        rows = cursor.fetchall()
+    messages = [_to_message(alias, conn, row) for row in rows]
+    messages.sort(key=lambda m: m.id)
+    return messages
+
+
+def record(alias: str, *, worker: str, outcomes: Sequence[Outcome]) -> set[int]:
+    """Store the outcomes of a batch and their attempt rows; returns the ids whose lease was lost.
+
+    An outcome changes its message only while ``worker`` still holds the lease for that very attempt
+    (fencing on ``locked_by`` and ``attempts``). The attempt row is written either way: the audit log
+    keeps what really happened, including a delivery whose lease had already been taken away.
+    """
+    if not outcomes:
+        return set()
+    conn = _connection(alias)
+    now = timezone.now()
+    if _is_pg(conn):
+        return _record_pg(conn, worker, outcomes, now)
+    return _record_generic(conn, worker, outcomes, now)
+
+
+_LEASE_LOST = "lease lost before this outcome was recorded; the message was requeued and may be delivered again"
+
+
+def _record_pg(conn: BaseDatabaseWrapper, worker: str, outcomes: Sequence[Outcome], now: dt.datetime) -> set[int]:
+    sql = f"""
+        WITH o AS (
+            SELECT * FROM unnest(%s::bigint[], %s::int[], %s::text[], %s::timestamptz[], %s::text[],
+                                 %s::timestamptz[], %s::timestamptz[], %s::text[])
+                AS o(id, number, status, retry_at, error, started_at, finished_at, outcome)
+        ), upd AS (
+            UPDATE {MESSAGE} AS m SET
+                status = o.status,
+                available_at = COALESCE(o.retry_at, m.available_at),
+                delivered_at = CASE WHEN o.status = %s THEN %s::timestamptz ELSE m.delivered_at END,
+                last_error = CASE WHEN o.status = %s THEN m.last_error ELSE o.error END,
+                locked_by = NULL, locked_until = NULL
+            FROM o
+            WHERE m.id = o.id AND m.attempts = o.number AND m.locked_by = %s AND m.status = %s
+            RETURNING m.id
+        ), ins AS (
+            INSERT INTO {ATTEMPT} (message_id, number, started_at, finished_at, worker, outcome, error)
+            SELECT o.id, o.number, o.started_at, o.finished_at, %s, o.outcome,
+                   CASE WHEN upd.id IS NULL THEN concat_ws(E'\\n', %s, NULLIF(o.error, '')) ELSE o.error END
+            FROM o LEFT JOIN upd ON upd.id = o.id
+        )
+        SELECT o.id FROM o LEFT JOIN upd ON upd.id = o.id WHERE upd.id IS NULL
+    """
+    params = [
+        [o.message_id for o in outcomes],
+        [o.number for o in outcomes],
+        [o.status for o in outcomes],
+        [o.retry_at for o in outcomes],
+        [o.error for o in outcomes],
+        [o.started_at for o in outcomes],
+        [o.finished_at for o in outcomes],
+        [o.attempt_outcome for o in outcomes],
+        DELIVERED,
+        now,
+        DELIVERED,
+        worker,
+        PROCESSING,
+        worker,
+        _LEASE_LOST,
+    ]
+    with conn.cursor() as cursor:
+        cursor.execute(sql, params)  # type: ignore[arg-type]  # psycopg adapts the lists to arrays
+        return {row[0] for row in cursor.fetchall()}
+
+
+def _record_generic(conn: BaseDatabaseWrapper, worker: str, outcomes: Sequence[Outcome], now: dt.datetime) -> set[int]:
+    lost: set[int] = set()
+    with transaction.atomic(using=conn.alias), conn.cursor() as cursor:
+        for o in outcomes:
+            if o.status == DELIVERED:
+                cursor.execute(
+                    f"UPDATE {MESSAGE} SET status = %s, delivered_at = %s, locked_by = NULL, locked_until = NULL"
+                    f" WHERE id = %s AND attempts = %s AND locked_by = %s AND status = %s",
+                    [DELIVERED, _prep_dt(conn, now), o.message_id, o.number, worker, PROCESSING],
+                )
+            else:
+                cursor.execute(
+                    f"UPDATE {MESSAGE} SET status = %s, available_at = COALESCE(%s, available_at),"
+                    f" last_error = %s, locked_by = NULL, locked_until = NULL"
+                    f" WHERE id = %s AND attempts = %s AND locked_by = %s AND status = %s",
+                    [o.status, _prep_dt(conn, o.retry_at), o.error, o.message_id, o.number, worker, PROCESSING],
+                )
+            if cursor.rowcount != 1:
+                lost.add(o.message_id)
+        cursor.executemany(
+            f"INSERT INTO {ATTEMPT} (message_id, number, started_at, finished_at, worker, outcome, error)"
+            f" VALUES (%s, %s, %s, %s, %s, %s, %s)",
+            [
+                (
+                    o.message_id,
+                    o.number,
+                    _prep_dt(conn, o.started_at),
+                    _prep_dt(conn, o.finished_at),
+                    worker,
+                    o.attempt_outcome,
+                    "\n".join(filter(None, [_LEASE_LOST, o.error])) if o.message_id in lost else o.error,
+                )
+                for o in outcomes
+            ],
+        )
+    return lost
+
+
+def release(alias: str, *, worker: str, message_ids: Iterable[int]) -> int:
+    """Hand claimed messages that were never started back, as if they had not been claimed."""
+    ids = list(message_ids)
+    if not ids:
+        return 0
+    conn = _connection(alias)
+    placeholders = ", ".join(["%s"] * len(ids))
+    with conn.cursor() as cursor:
+        cursor.execute(
+            f"UPDATE {MESSAGE} SET status = %s, attempts = attempts - 1, locked_by = NULL, locked_until = NULL"
+            f" WHERE id IN ({placeholders}) AND locked_by = %s AND status = %s",
+            [PENDING, *ids, worker, PROCESSING],
+        )
+        return int(cursor.rowcount)
+
+
+def extend_leases(alias: str, *, worker: str, lease_seconds: float) -> int:
+    """Keep a healthy worker's slow deliveries from being reaped: one statement for all it holds."""
+    conn = _connection(alias)
+    until = timezone.now() + dt.timedelta(seconds=lease_seconds)
+    with conn.cursor() as cursor:
+        cursor.execute(
+            f"UPDATE {MESSAGE} SET locked_until = %s WHERE locked_by = %s AND status = %s",
+            [_prep_dt(conn, until), worker, PROCESSING],
+        )
+        return int(cursor.rowcount)
+
+
+def reap(alias: str, *, limit: int = 500) -> list[Reaped]:
+    """Requeue messages whose lease expired (their worker died) and log the lost attempt as abandoned.
+
+    Messages that used up their attempts go ``dead`` instead. Safe to run from every worker at once.
+    """
+    conn = _connection(alias)
+    now = timezone.now()
+    if _is_pg(conn):
+        sql = f"""
+            WITH e AS MATERIALIZED (
+                SELECT id, locked_by, locked_until FROM {MESSAGE}
+                WHERE status = %s AND locked_until < %s ORDER BY locked_until LIMIT %s FOR UPDATE SKIP LOCKED
+            ), upd AS (
+                UPDATE {MESSAGE} AS m SET
+                    status = CASE WHEN m.attempts >= m.max_attempts THEN %s ELSE %s END,
+                    available_at = %s, locked_by = NULL, locked_until = NULL,
+                    last_error = 'abandoned: lease of worker ' || COALESCE(e.locked_by, '?') || ' expired at '
+                                 || to_char(e.locked_until AT TIME ZONE 'UTC', 'YYYY-MM-DD HH24:MI:SS') || ' UTC'
+                FROM e WHERE m.id = e.id
+                RETURNING m.id, m.attempts, m.status, e.locked_by, m.last_error
+            ), ins AS (
+                INSERT INTO {ATTEMPT} (message_id, number, started_at, finished_at, worker, outcome, error)
+                SELECT id, attempts, %s, %s, COALESCE(locked_by, ''), %s,
+                       last_error || ': the worker stopped without recording an outcome'
+                FROM upd
+            )
+            SELECT id, status, locked_by FROM upd
+        """
+        params = [PROCESSING, now, limit, DEAD, PENDING, now, now, now, Attempt.Outcome.ABANDONED]
+        with conn.cursor() as cursor:
+            cursor.execute(sql, params)  # type: ignore[arg-type]
+            return [Reaped(message_id=r[0], status=r[1], previous_worker=r[2] or "") for r in cursor.fetchall()]
+    reaped = []
+    with transaction.atomic(using=alias), conn.cursor() as cursor:
+        cursor.execute(
+            f"SELECT id, attempts, max_attempts, locked_by, locked_until FROM {MESSAGE}"
+            f" WHERE status = %s AND locked_until < %s ORDER BY locked_until LIMIT %s",
+            [PROCESSING, _prep_dt(conn, now), limit],
+        )
+        for message_id, attempts, max_attempts, locked_by, locked_until in cursor.fetchall():
+            status = DEAD if attempts >= max_attempts else PENDING
+            error = f"abandoned: lease of worker {locked_by or '?'} expired at {str(locked_until)[:19]} UTC"
+            cursor.execute(
+                f"UPDATE {MESSAGE} SET status = %s, available_at = %s, locked_by = NULL, locked_until = NULL,"
+                f" last_error = %s WHERE id = %s AND status = %s AND attempts = %s",
+                [status, _prep_dt(conn, now), error, message_id, PROCESSING, attempts],
+            )
+            if cursor.rowcount != 1:
+                continue
+            cursor.execute(
+                f"INSERT INTO {ATTEMPT} (message_id, number, started_at, finished_at, worker, outcome, error)"
+                f" VALUES (%s, %s, %s, %s, %s, %s, %s)",
+                [
+                    message_id,
+                    attempts,
+                    _prep_dt(conn, now),
+                    _prep_dt(conn, now),
+                    locked_by or "",
+                    Attempt.Outcome.ABANDONED,
+                    error + ": the worker stopped without recording an outcome",
+                ],
+            )
+            reaped.append(Reaped(message_id=message_id, status=status, previous_worker=locked_by or ""))
+    return reaped
+
+
+def next_due(alias: str, *, topics: Sequence[str] | None = None) -> dt.datetime | None:
+    """When the earliest pending message becomes available, so an idle worker can sleep until then."""
+    conn = _connection(alias)
+    topic_sql, topic_params = _topic_filter(topics)
+    with conn.cursor() as cursor:
+        cursor.execute(
+            f"SELECT MIN(available_at) FROM {MESSAGE} WHERE status = %s{topic_sql}", [PENDING, *topic_params]
+        )
+        row = cursor.fetchone()
+    value = row[0] if row else None
+    if value is None:
+        return None
+    if isinstance(value, str):  # SQLite returns the stored text for an aggregate
+        from django.utils.dateparse import parse_datetime
+
+        value = parse_datetime(value)
+    if value is not None and timezone.is_naive(value):
+        value = timezone.make_aware(value, dt.UTC)
+    return value
+
+
+def any_processing(alias: str, *, topics: Sequence[str] | None = None) -> bool:
+    conn = _connection(alias)
+    topic_sql, topic_params = _topic_filter(topics)
+    with conn.cursor() as cursor:
+        cursor.execute(f"SELECT 1 FROM {MESSAGE} WHERE status = %s{topic_sql} LIMIT 1", [PROCESSING, *topic_params])
+        return cursor.fetchone() is not None
+
+
+# --- workers -----------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True, kw_only=True, slots=True)
+class WorkerBeat:
+    worker_id: str
+    hostname: str
+    pid: int
+    started_at: dt.datetime
+    in_flight: int
+    delivered: int
+    failed: int
+    stopped: bool = False
+
+
+def heartbeat(alias: str, beat: WorkerBeat) -> None:
+    conn = _connection(alias)
+    now = timezone.now()
+    with conn.cursor() as cursor:
+        cursor.execute(
+            f"INSERT INTO {WORKER} (worker_id, hostname, pid, started_at, last_seen, in_flight, delivered, failed,"
+            f" stopped_at) VALUES (%s, %s, %s, %s, %s, %s, %s, %s, %s)"
+            f" ON CONFLICT (worker_id) DO UPDATE SET last_seen = EXCLUDED.last_seen,"
+            f" in_flight = EXCLUDED.in_flight, delivered = EXCLUDED.delivered, failed = EXCLUDED.failed,"
+            f" stopped_at = EXCLUDED.stopped_at",
+            [
+                beat.worker_id,
+                beat.hostname,
+                beat.pid,
+                _prep_dt(conn, beat.started_at),
+                _prep_dt(conn, now),
+                beat.in_flight,
+                beat.delivered,
+                beat.failed,
+                _prep_dt(conn, now) if beat.stopped else None,
+            ],
+        )
+
+
+# --- operator actions (admin, management commands) ---------------------------------------------
+
+
+@dataclass(frozen=True, slots=True)
+class ActionResult:
+    changed: list[int]
+    refused: list[int]
+
+
+def retry(alias: str, message_ids: Iterable[int], *, reset_attempts: bool = False) -> ActionResult:
+    """Make pending or dead messages deliverable now. Leased, delivered or cancelled ones are refused."""
+    ids = list(message_ids)
+    with transaction.atomic(using=alias):
+        allowed = list(
+            Message.objects.using(alias)
+            .select_for_update()
+            .filter(id__in=ids, status__in=[PENDING, DEAD])
+            .values_list("id", flat=True)
+        )
+        changes: dict[str, Any] = {
+            "status": PENDING,
+            "available_at": timezone.now(),
+            "locked_by": None,
+            "locked_until": None,
+        }
+        if reset_attempts:
+            changes["attempts"] = 0
+        Message.objects.using(alias).filter(id__in=allowed).update(**changes)
+    return ActionResult(changed=sorted(allowed), refused=sorted(set(ids) - set(allowed)))
+
+
+def cancel(alias: str, message_ids: Iterable[int], *, reason: str) -> ActionResult:
+    """Give up on pending or dead messages for good, keeping the reason."""
+    ids = list(message_ids)
+    with transaction.atomic(using=alias):
+        allowed = list(
+            Message.objects.using(alias)
+            .select_for_update()
+            .filter(id__in=ids, status__in=[PENDING, DEAD])
+            .values_list("id", flat=True)
+        )
+        Message.objects.using(alias).filter(id__in=allowed).update(
+            status=CANCELLED,
+            last_error=f"cancelled: {reason}" if reason else "cancelled",
+            locked_by=None,
+            locked_until=None,
+        )
+    return ActionResult(changed=sorted(allowed), refused=sorted(set(ids) - set(allowed)))
+
+
+def requeue_dead(alias: str, *, topic: str, reset_attempts: bool = True) -> ActionResult:
+    """Retry every dead message of one topic (after the destination was fixed)."""
+    ids = Message.objects.using(alias).filter(status=DEAD, topic=topic).values_list("id", flat=True)
+    return retry(alias, list(ids), reset_attempts=reset_attempts)

@@ -1,0 +1,19 @@
+"""Helpers for users' own tests: relay what a test sent, synchronously, in the test's process."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+from .relay import Relay, RelayConfig, Stats
+
+
+def relay_all(*, database: str | None = None, topics: Sequence[str] = (), batch_size: int = 100) -> Stats:
+    """Deliver every message that is due now, in this thread, and return the counts.
+
+    It runs on the caller's database connection, so inside a ``TestCase`` it sees the test's own
+    uncommitted messages. Handlers run synchronously; failures are recorded and retried later as usual.
+    """
+    relay = Relay(
+        RelayConfig.from_settings(database=database, topics=tuple(topics), batch_size=batch_size, notify=False)
+    )
+    return relay.drain()

@@ -1,0 +1,5 @@
+"""Destinations behind one interface; each backend is chosen by dotted path in ``OUTBOX["TRANSPORTS"]``."""
+
+from .base import BaseTransport
+
+__all__ = ["BaseTransport"]

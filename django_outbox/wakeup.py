@@ -1,0 +1,83 @@
+"""Waking idle workers the moment a producing transaction commits.
+
+On PostgreSQL a committed transaction that sent messages issues one ``NOTIFY`` (however many messages
+it sent; none if it rolled back), and workers ``LISTEN`` on a dedicated connection. Elsewhere, or with
+``OUTBOX["NOTIFY"] = False`` (PgBouncer in transaction pooling cannot LISTEN), workers poll, so a
+lost notification never delays delivery by more than the poll interval.
+"""
+
+from __future__ import annotations
+
+import functools
+import logging
+import threading
+import time
+from collections.abc import Callable
+from typing import Any
+
+from django.db import connections, transaction
+
+from .conf import get_settings
+
+logger = logging.getLogger("django_outbox.wakeup")
+
+
+def _notify(alias: str) -> None:
+    settings = get_settings()
+    with connections[alias].cursor() as cursor:
+        cursor.execute("SELECT pg_notify(%s, '')", [settings.NOTIFY_CHANNEL])
+
+
+def notify_on_commit(alias: str) -> None:
+    """Arrange one wake-up for when the current transaction commits (now, in autocommit)."""
+    conn = connections[alias]
+    if conn.vendor != "postgresql" or not get_settings().NOTIFY:
+        return
+    if conn.in_atomic_block:
+        for entry in conn.run_on_commit:  # (savepoint ids, callback, robust)
+            if getattr(entry[1], "outbox_wake", False):
+                return  # this transaction already asked; PostgreSQL would fold a second one anyway
+    callback: Any = functools.partial(_notify, alias)
+    callback.outbox_wake = True
+    transaction.on_commit(callback, using=alias, robust=True)
+
+
+class Listener(threading.Thread):
+    """LISTENs on its own autocommit connection and sets ``event`` on every notification.
+
+    A dropped connection (database restart, network cut) is re-opened with capped backoff; after each
+    reconnect the event is set once, since notifications sent while we were away are lost.
+    """
+
+    def __init__(self, alias: str, event: threading.Event, stopping: Callable[[], bool]) -> None:
+        super().__init__(name="outbox-listener", daemon=True)
+        self.alias = alias
+        self.event = event
+        self.stopping = stopping
+        self.connected = threading.Event()
+
+    def run(self) -> None:
+        import psycopg
+
+        channel = get_settings().NOTIFY_CHANNEL
+        delay = 0.1
+        while not self.stopping():
+            try:
+                params = connections[self.alias].get_connection_params()
+                params.pop("cursor_factory", None)
+                params.pop("context", None)
+                with psycopg.connect(**params, autocommit=True) as conn:
+                    conn.execute(psycopg.sql.SQL("LISTEN {}").format(psycopg.sql.Identifier(channel)))
+                    self.connected.set()
+                    self.event.set()
+                    delay = 0.1
+                    while not self.stopping():
+                        for _ in conn.notifies(timeout=0.5, stop_after=1):
+                            self.event.set()
+            except Exception as exc:  # any failure means: reconnect, and poll meanwhile
+                self.connected.clear()
+                if self.stopping():
+                    return
+                logger.warning("outbox listener lost its connection (%s); reconnecting in %.1fs", exc, delay)
+                time.sleep(delay)
+                delay = min(delay * 2, 10.0)

@@ -1,0 +1,80 @@
+"""Settings of the demo shop. SQLite unless DATABASE_URL is set (e.g. postgres://postgres@127.0.0.1/test)."""
+
+from pathlib import Path
+
+import environ
+
+BASE_DIR = Path(__file__).resolve().parent.parent
+env = environ.Env(DEBUG=(bool, True))
+
+SECRET_KEY = env("SECRET_KEY", default="demo-only-not-secret")
+DEBUG = env("DEBUG")
+ALLOWED_HOSTS = env.list("ALLOWED_HOSTS", default=["localhost", "127.0.0.1", "testserver"])
+
+INSTALLED_APPS = [
+    "django.contrib.admin",
+    "django.contrib.auth",
+    "django.contrib.contenttypes",
+    "django.contrib.sessions",
+    "django.contrib.messages",
+    "django.contrib.staticfiles",
+    "django_outbox",
+    "testproject.shop",
+]
+
+MIDDLEWARE = [
+    "django.middleware.security.SecurityMiddleware",
+    "django.contrib.sessions.middleware.SessionMiddleware",
+    "django.middleware.common.CommonMiddleware",
+    "django.middleware.csrf.CsrfViewMiddleware",
+    "django.contrib.auth.middleware.AuthenticationMiddleware",
+    "django.contrib.messages.middleware.MessageMiddleware",
+    "django.middleware.clickjacking.XFrameOptionsMiddleware",
+]
+
+ROOT_URLCONF = "testproject.urls"
+TEMPLATES = [
+    {
+        "BACKEND": "django.template.backends.django.DjangoTemplates",
+        "DIRS": [],
+        "APP_DIRS": True,
+        "OPTIONS": {
+            "context_processors": [
+                "django.template.context_processors.request",
+                "django.contrib.auth.context_processors.auth",
+                "django.contrib.messages.context_processors.messages",
+            ],
+        },
+    },
+]
+WSGI_APPLICATION = "testproject.wsgi.application"
+
+SQLITE_PATH = env("SQLITE_PATH", default=str(BASE_DIR / "demo.sqlite3"))
+DATABASES = {"default": env.db("DATABASE_URL", default=f"sqlite:///{SQLITE_PATH}")}
+if DATABASES["default"]["ENGINE"] == "django.db.backends.sqlite3":
+    # WAL and immediate transactions let a worker and the web process write side by side.
+    DATABASES["default"].setdefault("OPTIONS", {}).update(
+        {"transaction_mode": "IMMEDIATE", "timeout": 20, "init_command": "PRAGMA journal_mode=WAL;"}
+    )
+    # A file, not memory, so that worker processes started by the tests see the test database.
+    DATABASES["default"]["TEST"] = {"NAME": env("SQLITE_TEST_PATH", default=str(BASE_DIR / "test.sqlite3"))}
+
+DEFAULT_AUTO_FIELD = "django.db.models.BigAutoField"
+USE_TZ = True
+TIME_ZONE = "UTC"
+LANGUAGE_CODE = "en-us"
+STATIC_URL = "static/"
+
+OUTBOX = {
+    "MAX_ATTEMPTS": env.int("OUTBOX_MAX_ATTEMPTS", default=5),
+    "BACKOFF_BASE_SECONDS": env.float("OUTBOX_BACKOFF_BASE_SECONDS", default=1.0),
+    "POLL_INTERVAL_SECONDS": env.float("OUTBOX_POLL_INTERVAL_SECONDS", default=1.0),
+}
+
+LOGGING = {
+    "version": 1,
+    "disable_existing_loggers": False,
+    "formatters": {"plain": {"format": "%(asctime)s %(levelname)s %(name)s: %(message)s"}},
+    "handlers": {"console": {"class": "logging.StreamHandler", "formatter": "plain"}},
+    "loggers": {"django_outbox": {"handlers": ["console"], "level": env("OUTBOX_LOG_LEVEL", default="WARNING")}},
+}

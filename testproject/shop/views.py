@@ -1,0 +1,43 @@
+"""The demo's write path: each view changes an order and sends outbox messages in the same transaction."""
+
+import json
+
+from django.db import transaction
+from django.http import HttpRequest, HttpResponse, JsonResponse
+from django.shortcuts import get_object_or_404
+from django.views.decorators.csrf import csrf_exempt
+from django.views.decorators.http import require_POST
+
+from django_outbox import outbox
+
+from .models import Order
+
+
+@csrf_exempt
+@require_POST
+def place_order(request: HttpRequest) -> HttpResponse:
+    data = json.loads(request.body or b"{}")
+    with transaction.atomic():
+        order = Order.objects.create(
+            customer_email=data["email"], item=data["item"], quantity=int(data.get("quantity", 1))
+        )
+        payload = {"order_id": order.pk, "email": order.customer_email, "item": order.item, "quantity": order.quantity}
+        outbox.send("orders.created", payload, key=f"order-{order.pk}")
+        outbox.send(
+            "emails.order_confirmation",
+            payload,
+            key=f"order-{order.pk}",
+            idempotency_key=f"order-confirmation-{order.pk}",
+        )
+    return JsonResponse({"order_id": order.pk}, status=201)
+
+
+@csrf_exempt
+@require_POST
+def cancel_order(request: HttpRequest, pk: int) -> HttpResponse:
+    with transaction.atomic():
+        order = get_object_or_404(Order.objects.select_for_update(), pk=pk)
+        order.status = Order.Status.CANCELLED
+        order.save(update_fields=["status"])
+        outbox.send("orders.cancelled", {"order_id": order.pk}, key=f"order-{order.pk}")
+    return JsonResponse({"order_id": order.pk, "status": order.status})
