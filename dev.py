@@ -1,0 +1,147 @@
+#!/usr/bin/env python3
+"""Developer entry point that needs nothing but Python 3.11+.
+
+    python3 dev.py demo     # make .venv, migrate a SQLite demo database, place orders, relay them
+    python3 dev.py test     # ruff, mypy, then the test suite on SQLite and PostgreSQL (and Django 6.x)
+
+It creates the virtual environments it needs (``.venv`` for Django 5.2 on this Python, ``.venv-django6``
+on Python 3.12+ when one is found) and reinstalls them when pyproject.toml changes.
+"""
+
+from __future__ import annotations
+
+import argparse
+import hashlib
+import os
+import shutil
+import socket
+import subprocess
+import sys
+from pathlib import Path
+from urllib.parse import urlparse
+
+ROOT = Path(__file__).resolve().parent
+DEFAULT_PG_URL = "postgres://postgres@127.0.0.1:5432/test"
+
+
+def run(*cmd: str | Path, env: dict[str, str] | None = None, check: bool = True) -> int:
+    print("+", " ".join(str(c) for c in cmd), flush=True)
+    result = subprocess.run([str(c) for c in cmd], cwd=ROOT, env={**os.environ, **(env or {})})
+    if check and result.returncode != 0:
+        sys.exit(result.returncode)
+    return result.returncode
+
+
+def find_python(min_minor: int) -> str | None:
+    """A CPython 3.x (x >= min_minor) on this machine: PATH first, then pyenv's versions."""
+    if sys.version_info >= (3, min_minor):
+        return sys.executable
+    for minor in range(13, min_minor - 1, -1):
+        found = shutil.which(f"python3.{minor}")
+        if found:
+            return found
+    pyenv_root = Path(os.environ.get("PYENV_ROOT", Path.home() / ".pyenv")) / "versions"
+    for minor in range(13, min_minor - 1, -1):
+        for candidate in sorted(pyenv_root.glob(f"3.{minor}.*/bin/python3"), reverse=True):
+            return str(candidate)
+    return None
+
+
+def ensure_venv(path: Path, python: str, django_spec: str) -> Path:
+    """Create or refresh a virtualenv with the project installed in editable mode."""
+    stamp_text = hashlib.sha256((ROOT / "pyproject.toml").read_bytes() + django_spec.encode()).hexdigest()
+    stamp = path / ".dev-stamp"
+    bin_python = path / "bin" / "python"
+    if bin_python.exists() and stamp.exists() and stamp.read_text() == stamp_text:
+        return bin_python
+    if not bin_python.exists():
+        run(python, "-m", "venv", path)
+    run(bin_python, "-m", "pip", "install", "--quiet", "--upgrade", "pip")
+    run(bin_python, "-m", "pip", "install", "--quiet", "-e", f"{ROOT}[dev]",
+        django_spec)
+    stamp.write_text(stamp_text)
+    return bin_python
+
+
+def main_venv() -> Path:
+    return ensure_venv(ROOT / ".venv", sys.executable, "django>=5.2,<6")
+
+
+def postgres_reachable(url: str) -> bool:
+    parsed = urlparse(url)
+    try:
+        with socket.create_connection((parsed.hostname or "127.0.0.1", parsed.port or 5432), timeout=2):
+            return True
+    except OSError:
+        return False
+
+
+def cmd_demo(args: argparse.Namespace) -> None:
+    python = main_venv()
+    env = {"DATABASE_URL": ""} if "DATABASE_URL" not in os.environ else {}
+    env["SQLITE_PATH"] = str(ROOT / "demo.sqlite3")
+    run(python, "manage.py", "migrate", "--verbosity", "0", env=env)
+    run(python, "manage.py", "demo", "--orders", str(args.orders), env=env)
+
+
+def cmd_test(args: argparse.Namespace) -> None:
+    python = main_venv()
+    ci = os.environ.get("CI") == "true"
+    pytest_args = list(args.pytest_args)
+    if not args.no_lint:
+        run(python, "-m", "ruff", "check", ".")
+        run(python, "-m", "ruff", "format", "--check", ".")
+        run(python, "-m", "mypy", ".")
+    pg_url = os.environ.get("DATABASE_URL") or DEFAULT_PG_URL
+    have_pg = postgres_reachable(pg_url)
+    if not have_pg:
+        if ci:
+            sys.exit(f"PostgreSQL is not reachable at {pg_url}; under CI=true that is a failure.")
+        print(f"! PostgreSQL not reachable at {pg_url}: running on SQLite only", flush=True)
+    runs: list[tuple[str, Path, dict[str, str]]] = []
+    if args.database in ("all", "sqlite"):
+        runs.append(("Django 5.2 / SQLite", python, {"DATABASE_URL": ""}))
+    if args.database in ("all", "postgresql") and have_pg:
+        runs.append(("Django 5.2 / PostgreSQL", python, {"DATABASE_URL": pg_url}))
+    if not args.no_django6:
+        newer = find_python(12)
+        if newer is None:
+            if ci:
+                sys.exit("Django 6.x needs Python 3.12+, and none was found; under CI=true that is a failure.")
+            print("! no Python 3.12+ found: skipping the Django 6.x run", flush=True)
+        else:
+            python6 = ensure_venv(ROOT / ".venv-django6", newer, "django>=6,<7")
+            if args.database in ("all", "postgresql") and have_pg:
+                runs.append(("Django 6.x / PostgreSQL", python6, {"DATABASE_URL": pg_url}))
+            if args.database in ("all", "sqlite"):
+                runs.append(("Django 6.x / SQLite", python6, {"DATABASE_URL": ""}))
+    failed = []
+    for label, interpreter, env in runs:
+        print(f"\n=== {label} ===", flush=True)
+        if run(interpreter, "-m", "pytest", *pytest_args, env=env, check=False) != 0:
+            failed.append(label)
+    if failed:
+        sys.exit(f"test runs failed: {', '.join(failed)}")
+    print(f"\nall test runs passed: {', '.join(label for label, _, _ in runs)}")
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    sub = parser.add_subparsers(dest="command", required=True)
+    demo = sub.add_parser("demo", help="run the demo shop on SQLite")
+    demo.add_argument("--orders", type=int, default=5)
+    demo.set_defaults(func=cmd_demo)
+    test = sub.add_parser("test", help="lint, type-check and run the test suite")
+    test.add_argument("--database", choices=["all", "sqlite", "postgresql"], default="all")
+    test.add_argument("--no-django6", action="store_true", help="skip the Django 6.x runs")
+    test.add_argument("--no-lint", action="store_true", help="skip ruff and mypy")
+    test.add_argument("pytest_args", nargs=argparse.REMAINDER, help="passed to pytest (after --)")
+    test.set_defaults(func=cmd_test)
+    args = parser.parse_args()
+    if getattr(args, "pytest_args", None) and args.pytest_args[0] == "--":
+        args.pytest_args = args.pytest_args[1:]
+    args.func(args)
+
+
+if __name__ == "__main__":
+    main()

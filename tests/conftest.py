@@ -1,0 +1,127 @@
+from __future__ import annotations
+
+import os
+import signal
+import socket
+import subprocess
+import sys
+import time
+from collections.abc import Callable, Iterator
+from pathlib import Path
+
+import pytest
+from django.db import connection
+
+from django_outbox.routing import registry
+
+ROOT = Path(__file__).resolve().parent.parent
+IN_CI = os.environ.get("CI") == "true"
+
+
+def is_postgres() -> bool:
+    return connection.vendor == "postgresql"
+
+
+def require_service(name: str, host: str, port: int) -> None:
+    """Skip when a service is missing on a laptop; under CI=true a missing service fails the test."""
+    try:
+        with socket.create_connection((host, port), timeout=2):
+            return
+    except OSError as exc:
+        if IN_CI:
+            pytest.fail(f"{name} is not reachable at {host}:{port} ({exc}); under CI=true this is a failure")
+        pytest.skip(f"{name} not reachable at {host}:{port}")
+
+
+@pytest.fixture
+def postgres() -> None:
+    """For tests of PostgreSQL-only behaviour (the suite also runs on SQLite, where these skip)."""
+    if not is_postgres():
+        pytest.skip("PostgreSQL-only behaviour; this run uses " + connection.vendor)
+
+
+@pytest.fixture
+def handler() -> Iterator[Callable[[str, Callable[..., object]], None]]:
+    """Register handlers for the test only."""
+    added: list[str] = []
+
+    def register(pattern: str, func: Callable[..., object]) -> None:
+        registry.register(pattern, func)
+        added.append(pattern)
+
+    yield register
+    for pattern in added:
+        registry.unregister(pattern)
+
+
+def worker_env() -> dict[str, str]:
+    """Environment for a subprocess that must use the same (test) database as this test."""
+    settings = connection.settings_dict
+    env = {**os.environ, "DJANGO_SETTINGS_MODULE": "tests.settings", "PYTHONUNBUFFERED": "1"}
+    if connection.vendor == "postgresql":
+        env["DATABASE_URL"] = (
+            f"postgres://{settings['USER'] or 'postgres'}@{settings['HOST'] or '127.0.0.1'}:"
+            f"{settings['PORT'] or 5432}/{settings['NAME']}"
+        )
+    else:
+        env["DATABASE_URL"] = ""
+        env["SQLITE_PATH"] = str(settings["NAME"])
+    return env
+
+
+class WorkerProcess:
+    def __init__(self, *args: str, env: dict[str, str] | None = None) -> None:
+        self.args = args
+        self.proc = subprocess.Popen(
+            [sys.executable, str(ROOT / "manage.py"), "outbox_worker", *args],
+            cwd=ROOT, env={**worker_env(), **(env or {})},
+            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+        )
+
+    @property
+    def pid(self) -> int:
+        return self.proc.pid
+
+    def send_signal(self, sig: int) -> None:
+        self.proc.send_signal(sig)
+
+    def kill(self) -> None:
+        self.proc.send_signal(signal.SIGKILL)
+        self.proc.wait(timeout=10)
+
+    def wait(self, timeout: float = 60) -> tuple[int, str]:
+        out, _ = self.proc.communicate(timeout=timeout)
+        return self.proc.returncode, out
+
+    def stop(self) -> None:
+        if self.proc.poll() is None:
+            self.proc.send_signal(signal.SIGTERM)
+            try:
+                self.proc.communicate(timeout=30)
+            except subprocess.TimeoutExpired:
+                self.kill()
+
+
+@pytest.fixture
+def worker_process() -> Iterator[Callable[..., WorkerProcess]]:
+    """Start real ``manage.py outbox_worker`` processes on the test database; stopped at teardown."""
+    started: list[WorkerProcess] = []
+
+    def start(*args: str, env: dict[str, str] | None = None) -> WorkerProcess:
+        worker = WorkerProcess(*args, env=env)
+        started.append(worker)
+        return worker
+
+    yield start
+    for worker in started:
+        worker.stop()
+
+
+def wait_for(condition: Callable[[], object], timeout: float = 30, interval: float = 0.05) -> None:
+    """Poll until ``condition()`` is truthy; fail the test with a clear message otherwise."""
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if condition():
+            return
+        time.sleep(interval)
+    pytest.fail(f"condition not met within {timeout}s: {getattr(condition, '__name__', condition)}")

@@ -1,0 +1,23 @@
+"""The demo's settings plus a probe app whose handlers record every delivery for the tests to inspect."""
+
+from testproject.settings import *  # noqa: F403
+
+INSTALLED_APPS = [*INSTALLED_APPS, "tests.probe"]  # noqa: F405
+OUTBOX = {
+    "MAX_ATTEMPTS": 5,
+    "BACKOFF_BASE_SECONDS": 0.05,
+    "BACKOFF_MAX_SECONDS": 0.5,
+    "POLL_INTERVAL_SECONDS": 0.5,
+}
+PASSWORD_HASHERS = ["django.contrib.auth.hashers.MD5PasswordHasher"]
+LOGGING["loggers"]["django_outbox"]["level"] = "ERROR"  # noqa: F405
+
+# A second database, to test send(using=...) and per-database workers.
+_other = dict(DATABASES["default"])  # noqa: F405
+if _other["ENGINE"] == "django.db.backends.sqlite3":
+    _other["NAME"] = str(BASE_DIR / "other.sqlite3")  # noqa: F405
+    _other["TEST"] = {"NAME": str(BASE_DIR / "test-other.sqlite3")}  # noqa: F405
+else:
+    _other["NAME"] = f"{_other['NAME']}_other"
+    _other["TEST"] = {}
+DATABASES["other"] = _other  # noqa: F405
