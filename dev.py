@@ -57,8 +57,7 @@ def ensure_venv(path: Path, python: str, django_spec: str) -> Path:
     if not bin_python.exists():
         run(python, "-m", "venv", path)
     run(bin_python, "-m", "pip", "install", "--quiet", "--upgrade", "pip")
-    run(bin_python, "-m", "pip", "install", "--quiet", "-e", f"{ROOT}[dev]",
-        django_spec)
+    run(bin_python, "-m", "pip", "install", "--quiet", "-e", f"{ROOT}[dev]", django_spec)
     stamp.write_text(stamp_text)
     return bin_python
 

@@ -270,11 +270,14 @@ class Relay:
         outcomes: list[store.Outcome] = []
         unstarted: list[int] = []
         try:
-            for index, message in enumerate(batch):
+            index = 0
+            while index < len(batch):
                 if self._halt.is_set():
                     unstarted = [m.id for m in batch[index:]]
                     break
-                outcomes.append(self._deliver_one(message, transports))
+                group = self._next_group(batch, index, transports)
+                outcomes += self._deliver_group(group, transports)
+                index += len(group)
         finally:
             lost = self._record(outcomes)
             if unstarted:
@@ -283,19 +286,48 @@ class Relay:
                 self.stats.in_flight -= len(batch)
         self._announce(batch, outcomes, lost)
 
-    def _deliver_one(self, message: Message, transports: TransportSet) -> store.Outcome:
-        started = timezone.now()
+    @staticmethod
+    def _transport_name(message: Message) -> str | None:
         try:
-            transports.get(resolve_transport(message.topic)).deliver(message)
+            return resolve_transport(message.topic)
+        except Exception:
+            return None  # reported as this message's failure by _deliver_group
+
+    def _next_group(self, batch: Sequence[Message], start: int, transports: TransportSet) -> Sequence[Message]:
+        """The next message, with the ones after it for the same transport when that transport batches."""
+        name = self._transport_name(batch[start])
+        if name is None:
+            return batch[start : start + 1]
+        try:
+            batching = transports.get(name).supports_batch()
+        except Exception:
+            return batch[start : start + 1]
+        end = start + 1
+        while batching and end < len(batch) and self._transport_name(batch[end]) == name:
+            end += 1
+        return batch[start:end]
+
+    def _deliver_group(self, group: Sequence[Message], transports: TransportSet) -> list[store.Outcome]:
+        started = timezone.now()
+        results: Sequence[BaseException | None]
+        try:
+            transport = transports.get(resolve_transport(group[0].topic))
+            if len(group) == 1:
+                transport.deliver(group[0])
+                results = [None]
+            else:
+                results = transport.deliver_batch(group)
         except Exception as exc:
-            return self._failure(message, exc, started)
-        return store.Outcome(
-            message_id=message.id,
-            number=message.attempts,
-            status=store.DELIVERED,
-            started_at=started,
-            finished_at=timezone.now(),
-        )
+            results = [exc] * len(group)
+        finished = timezone.now()
+        return [
+            store.Outcome(
+                message_id=m.id, number=m.attempts, status=store.DELIVERED, started_at=started, finished_at=finished
+            )
+            if result is None
+            else self._failure(m, result, started)
+            for m, result in zip(group, results, strict=True)
+        ]
 
     def _failure(self, message: Message, exc: BaseException, started: dt.datetime) -> store.Outcome:
         conf = get_settings()

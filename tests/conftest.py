@@ -74,8 +74,11 @@ class WorkerProcess:
         self.args = args
         self.proc = subprocess.Popen(
             [sys.executable, str(ROOT / "manage.py"), "outbox_worker", *args],
-            cwd=ROOT, env={**worker_env(), **(env or {})},
-            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+            cwd=ROOT,
+            env={**worker_env(), **(env or {})},
+            stdout=subprocess.PIPE,
+            stderr=subprocess.STDOUT,
+            text=True,
         )
 
     @property

@@ -2,33 +2,34 @@ from __future__ import annotations
 
 import uuid
 
-import factory
 from django.utils import timezone
+from factory.declarations import LazyFunction, Sequence, SubFactory
+from factory.django import DjangoModelFactory
 
 from django_outbox.models import Attempt, Message
 
 
-class MessageFactory(factory.django.DjangoModelFactory):
+class MessageFactory(DjangoModelFactory[Message]):
     class Meta:
         model = Message
 
-    uuid = factory.LazyFunction(uuid.uuid4)
+    uuid = LazyFunction(uuid.uuid4)
     topic = "probe.created"
-    payload = factory.Sequence(lambda n: {"n": n})
-    headers = factory.LazyFunction(dict)
+    payload = Sequence(lambda n: {"n": n})
+    headers = LazyFunction(dict)
     status = Message.Status.PENDING
     max_attempts = 5
-    available_at = factory.LazyFunction(timezone.now)
-    created_at = factory.LazyFunction(timezone.now)
+    available_at = LazyFunction(timezone.now)
+    created_at = LazyFunction(timezone.now)
 
 
-class AttemptFactory(factory.django.DjangoModelFactory):
+class AttemptFactory(DjangoModelFactory[Attempt]):
     class Meta:
         model = Attempt
 
-    message = factory.SubFactory(MessageFactory)
+    message = SubFactory(MessageFactory)
     number = 1
-    started_at = factory.LazyFunction(timezone.now)
-    finished_at = factory.LazyFunction(timezone.now)
+    started_at = LazyFunction(timezone.now)
+    finished_at = LazyFunction(timezone.now)
     worker = "test-host:1:abc"
     outcome = Attempt.Outcome.DELIVERED

@@ -10,7 +10,7 @@ OUTBOX = {
     "POLL_INTERVAL_SECONDS": 0.5,
 }
 PASSWORD_HASHERS = ["django.contrib.auth.hashers.MD5PasswordHasher"]
-LOGGING["loggers"]["django_outbox"]["level"] = "ERROR"  # noqa: F405
+LOGGING["loggers"]["django_outbox"]["level"] = "ERROR"  # type: ignore[index]  # noqa: F405
 
 # A second database, to test send(using=...) and per-database workers.
 _other = dict(DATABASES["default"])  # noqa: F405

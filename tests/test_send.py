@@ -96,8 +96,12 @@ def test_unknown_topic_raises_at_send_time():
 
 
 def test_route_makes_a_topic_known():
-    with override_settings(OUTBOX={"TRANSPORTS": {"hooks": {"BACKEND": "django_outbox.transports.handler.HandlerTransport"}},
-                                   "ROUTES": {"billing.*": "hooks"}}):
+    with override_settings(
+        OUTBOX={
+            "TRANSPORTS": {"hooks": {"BACKEND": "django_outbox.transports.handler.HandlerTransport"}},
+            "ROUTES": {"billing.*": "hooks"},
+        }
+    ):
         outbox.send("billing.charged", {})
     assert Message.objects.filter(topic="billing.charged").exists()
 

@@ -14,3 +14,6 @@ class Delivery(models.Model):
 
     class Meta:
         ordering = ["id"]
+
+    def __str__(self) -> str:
+        return f"{self.topic} #{self.message_id} attempt {self.attempt}"

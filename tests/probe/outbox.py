@@ -33,6 +33,10 @@ def probe(message: Message) -> None:
     if payload.get("fail_rate") and random.random() < float(payload["fail_rate"]):
         raise ProbeFailure("probe: random failure")
     Delivery.objects.create(
-        message_id=message.id, message_uuid=message.uuid, topic=message.topic, key=message.key or "",
-        attempt=message.attempts, pid=os.getpid(),
+        message_id=message.id,
+        message_uuid=message.uuid,
+        topic=message.topic,
+        key=message.key or "",
+        attempt=message.attempts,
+        pid=os.getpid(),
     )

@@ -1,0 +1,236 @@
+from __future__ import annotations
+
+import datetime as dt
+import threading
+import time
+
+import pytest
+from django.db import connection
+from django.utils import timezone
+
+from django_outbox import PermanentDeliveryError, outbox, signals, store
+from django_outbox.models import Attempt, Message
+from django_outbox.relay import Relay, RelayConfig, backoff_seconds
+from django_outbox.testing import relay_all
+
+from .conftest import wait_for
+from .factories import MessageFactory
+
+pytestmark = pytest.mark.django_db(transaction=True)
+
+
+def run_until_empty(**overrides) -> Relay:
+    relay = Relay(RelayConfig.from_settings(until_empty=True, poll_interval=0.05, **overrides))
+    relay.run()
+    return relay
+
+
+def test_worker_delivers_and_records_the_attempt(handler):
+    seen = []
+    handler("t.ok", lambda m: seen.append((m.topic, m.payload, m.uuid, m.attempts)))
+    message = outbox.send("t.ok", {"n": 1}, idempotency_key="idem-1")
+    relay = run_until_empty()
+    message.refresh_from_db()
+    assert seen == [("t.ok", {"n": 1}, message.uuid, 1)]
+    assert message.status == Message.Status.DELIVERED
+    assert message.delivered_at is not None
+    assert message.locked_by is None and message.locked_until is None
+    (attempt,) = message.attempt_log.all()
+    assert attempt.number == 1
+    assert attempt.outcome == Attempt.Outcome.DELIVERED
+    assert attempt.worker == relay.config.worker_id
+    assert attempt.finished_at >= attempt.started_at
+    assert relay.stats.delivered == 1
+
+
+def test_failure_is_retried_with_backoff_then_delivered(handler):
+    calls = []
+
+    def flaky(message):
+        calls.append(message.attempts)
+        if message.attempts < 3:
+            raise ConnectionError(f"destination down (attempt {message.attempts})")
+
+    handler("t.flaky", flaky)
+    message = outbox.send("t.flaky", {})
+    run_until_empty()
+    # --until-empty does not wait for retries scheduled later; keep relaying until done
+    wait_for(lambda: run_until_empty() and Message.objects.get(pk=message.pk).status == "delivered", timeout=20)
+    message.refresh_from_db()
+    assert calls == [1, 2, 3]
+    outcomes = list(message.attempt_log.values_list("number", "outcome"))
+    assert outcomes == [(1, "failed"), (2, "failed"), (3, "delivered")]
+    failed = message.attempt_log.filter(outcome="failed").first()
+    assert "ConnectionError: destination down (attempt 1)" in failed.error
+    assert "Traceback" in failed.error
+
+
+def test_failed_attempt_schedules_retry_in_the_future(handler):
+    handler("t.fail", lambda m: 1 / 0)
+    with connection.cursor():
+        pass
+    message = outbox.send("t.fail", {})
+    before = timezone.now()
+    run_until_empty()
+    message.refresh_from_db()
+    assert message.status == Message.Status.PENDING
+    assert message.attempts == 1
+    assert message.available_at > before
+    assert "ZeroDivisionError" in message.last_error
+
+
+def test_dead_after_max_attempts_with_last_error(handler):
+    handler("t.fail", lambda m: 1 / 0)
+    message = outbox.send("t.fail", {}, max_attempts=2)
+    wait_for(lambda: run_until_empty() and Message.objects.get(pk=message.pk).status == "dead", timeout=20)
+    message.refresh_from_db()
+    assert message.attempts == 2
+    assert "ZeroDivisionError" in message.last_error
+    assert list(message.attempt_log.values_list("outcome", flat=True)) == ["failed", "failed"]
+
+
+def test_permanent_error_is_dead_at_once(handler):
+    def reject(message):
+        raise PermanentDeliveryError("422: invalid address")
+
+    handler("t.reject", reject)
+    dead = []
+    signals.message_dead.connect(lambda sender, message, **kw: dead.append(message.pk), weak=False, dispatch_uid="t")
+    try:
+        message = outbox.send("t.reject", {})
+        run_until_empty()
+    finally:
+        signals.message_dead.disconnect(dispatch_uid="t")
+    message.refresh_from_db()
+    assert message.status == Message.Status.DEAD
+    assert message.attempts == 1
+    assert "422: invalid address" in message.last_error
+    assert dead == [message.pk]
+
+
+def test_backoff_is_exponential_capped_and_jittered():
+    delays = [backoff_seconds(n, base=1, cap=30) for n in range(1, 10)]
+    for n, d in enumerate(delays, start=1):
+        ceiling = min(30, 2 ** (n - 1))
+        assert ceiling / 2 <= d <= ceiling
+    assert len({round(backoff_seconds(5, base=1, cap=30), 6) for _ in range(20)}) > 1
+    assert backoff_seconds(1, base=1, cap=30, retry_after=120) == 120
+
+
+def test_claim_leases_and_counts_the_attempt():
+    MessageFactory.create_batch(3)
+    claimed = store.claim("default", worker="w1", limit=2, lease_seconds=30)
+    assert [m.attempts for m in claimed] == [1, 1]
+    rows = Message.objects.filter(pk__in=[m.pk for m in claimed])
+    for row in rows:
+        assert row.status == Message.Status.PROCESSING
+        assert row.locked_by == "w1"
+        assert row.locked_until > timezone.now() + dt.timedelta(seconds=25)
+    # a second claimer gets only what is left
+    assert [m.pk for m in store.claim("default", worker="w2", limit=10, lease_seconds=30)] == [
+        Message.objects.order_by("id").last().pk
+    ]
+
+
+def test_claim_skips_messages_not_yet_due():
+    MessageFactory(available_at=timezone.now() + dt.timedelta(hours=1))
+    assert store.claim("default", worker="w1", limit=10, lease_seconds=30) == []
+
+
+def test_record_is_fenced_by_the_lease():
+    message = MessageFactory()
+    (claimed,) = store.claim("default", worker="w1", limit=1, lease_seconds=30)
+    now = timezone.now()
+    outcome = store.Outcome(message_id=claimed.pk, number=1, status="delivered", started_at=now, finished_at=now)
+    lost = store.record("default", worker="someone-else", outcomes=[outcome])
+    assert lost == {message.pk}
+    message.refresh_from_db()
+    assert message.status == Message.Status.PROCESSING  # untouched
+    assert "lease lost" in message.attempt_log.get().error
+    assert store.record("default", worker="w1", outcomes=[outcome]) == set()
+    message.refresh_from_db()
+    assert message.status == Message.Status.DELIVERED
+
+
+def test_reaper_requeues_expired_leases_as_abandoned_attempts():
+    alive, dead_worker, exhausted = MessageFactory(), MessageFactory(), MessageFactory(max_attempts=1)
+    store.claim("default", worker="crashed", limit=3, lease_seconds=30)
+    past = timezone.now() - dt.timedelta(seconds=1)
+    Message.objects.filter(pk__in=[dead_worker.pk, exhausted.pk]).update(locked_until=past)
+    reaped = {r.message_id: r for r in store.reap("default")}
+    assert set(reaped) == {dead_worker.pk, exhausted.pk}
+    assert reaped[dead_worker.pk].previous_worker == "crashed"
+    dead_worker.refresh_from_db()
+    exhausted.refresh_from_db()
+    alive.refresh_from_db()
+    assert dead_worker.status == Message.Status.PENDING and dead_worker.locked_by is None
+    assert exhausted.status == Message.Status.DEAD
+    assert alive.status == Message.Status.PROCESSING
+    attempt = dead_worker.attempt_log.get()
+    assert attempt.outcome == Attempt.Outcome.ABANDONED
+    assert attempt.number == 1
+    assert attempt.worker == "crashed"
+    assert "lease" in attempt.error
+    # the next claim counts a second attempt
+    (again,) = [m for m in store.claim("default", worker="w2", limit=5, lease_seconds=30) if m.pk == dead_worker.pk]
+    assert again.attempts == 2
+
+
+def test_release_returns_unstarted_messages_without_counting_an_attempt():
+    message = MessageFactory()
+    store.claim("default", worker="w1", limit=1, lease_seconds=30)
+    assert store.release("default", worker="w1", message_ids=[message.pk]) == 1
+    message.refresh_from_db()
+    assert message.status == Message.Status.PENDING
+    assert message.attempts == 0
+    assert not message.attempt_log.exists()
+
+
+def test_topics_option_limits_what_a_worker_claims(handler):
+    handler("a.*", lambda m: None)
+    handler("b.*", lambda m: None)
+    a = outbox.send("a.one", {})
+    b = outbox.send("b.one", {})
+    run_until_empty(topics=("a.*",))
+    assert Message.objects.get(pk=a.pk).status == "delivered"
+    assert Message.objects.get(pk=b.pk).status == "pending"
+
+
+def test_until_empty_ignores_messages_scheduled_later(handler):
+    handler("t.later", lambda m: None)
+    outbox.send("t.later", {}, delay=3600)
+    started = time.monotonic()
+    run_until_empty()
+    assert time.monotonic() - started < 10
+    assert Message.objects.get().status == "pending"
+
+
+def test_slow_delivery_keeps_its_lease_alive(handler):
+    handler("t.slow", lambda m: time.sleep(3))
+    message = outbox.send("t.slow", {})
+    relay = Relay(RelayConfig.from_settings(until_empty=True, poll_interval=0.05, lease_seconds=1))
+    thread = threading.Thread(target=relay.run)
+    thread.start()
+    try:
+        wait_for(lambda: Message.objects.filter(pk=message.pk, locked_by=relay.config.worker_id).exists())
+        # meanwhile a second worker reaps and claims: it must find nothing to take over
+        deadline = time.monotonic() + 2.5
+        while time.monotonic() < deadline:
+            assert store.reap("default") == []
+            assert store.claim("default", worker="thief", limit=10, lease_seconds=1) == []
+            time.sleep(0.2)
+    finally:
+        thread.join(timeout=30)
+    message.refresh_from_db()
+    assert message.status == Message.Status.DELIVERED
+    assert list(message.attempt_log.values_list("outcome", flat=True)) == ["delivered"]
+
+
+def test_relay_all_helper_delivers_inside_a_test_transaction(handler):
+    seen = []
+    handler("t.helper", lambda m: seen.append(m.payload))
+    outbox.send("t.helper", {"a": 1})
+    outbox.send("t.helper", {"a": 2})
+    stats = relay_all()
+    assert stats.delivered == 2
+    assert seen == [{"a": 1}, {"a": 2}]
