@@ -50,7 +50,7 @@ TEMPLATES = [
 WSGI_APPLICATION = "testproject.wsgi.application"
 
 SQLITE_PATH = env("SQLITE_PATH", default=str(BASE_DIR / "demo.sqlite3"))
-DATABASES = {"default": env.db("DATABASE_URL", default=f"sqlite:///{SQLITE_PATH}")}
+DATABASES = {"default": env.db_url_config(env.str("DATABASE_URL", default="") or f"sqlite:///{SQLITE_PATH}")}
 if DATABASES["default"]["ENGINE"] == "django.db.backends.sqlite3":
     # WAL and immediate transactions let a worker and the web process write side by side.
     DATABASES["default"].setdefault("OPTIONS", {}).update(
