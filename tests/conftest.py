@@ -88,9 +88,10 @@ class WorkerProcess:
     def send_signal(self, sig: int) -> None:
         self.proc.send_signal(sig)
 
-    def kill(self) -> None:
+    def kill(self) -> str:
         self.proc.send_signal(signal.SIGKILL)
-        self.proc.wait(timeout=10)
+        out, _ = self.proc.communicate(timeout=10)  # also closes the pipe
+        return out
 
     def wait(self, timeout: float = 60) -> tuple[int, str]:
         out, _ = self.proc.communicate(timeout=timeout)

@@ -1,0 +1,128 @@
+"""Wake-ups: one NOTIFY per committed producing transaction, and workers that act on it at once."""
+
+from __future__ import annotations
+
+import threading
+import time
+
+import psycopg
+import pytest
+from django.db import connection, transaction
+from django.test import override_settings
+
+from django_outbox import outbox
+from django_outbox.models import Message
+from django_outbox.relay import Relay, RelayConfig
+
+from .conftest import wait_for
+
+pytestmark = [pytest.mark.django_db(transaction=True), pytest.mark.usefixtures("postgres")]
+
+
+@pytest.fixture
+def listen():
+    """A separate connection LISTENing on the outbox channel; returns a function that drains notifications."""
+    params = connection.get_connection_params()
+    params.pop("cursor_factory", None)
+    params.pop("context", None)
+    conn = psycopg.connect(**params, autocommit=True)
+    conn.execute("LISTEN django_outbox")
+
+    def received(wait: float = 0.5) -> int:
+        return sum(1 for _ in conn.notifies(timeout=wait))
+
+    yield received
+    conn.close()
+
+
+def test_one_notification_per_committed_transaction(listen):
+    with transaction.atomic():
+        for n in range(5):
+            outbox.send("probe.created", {"n": n})
+        assert listen(0.3) == 0  # nothing before the commit
+    assert listen() == 1
+
+
+def test_no_notification_after_rollback(listen):
+    with pytest.raises(RuntimeError), transaction.atomic():
+        outbox.send("probe.created", {})
+        raise RuntimeError
+    assert listen() == 0
+
+
+def test_savepoint_rollback_then_send_again_still_notifies_once(listen):
+    with transaction.atomic():
+        try:
+            with transaction.atomic():
+                outbox.send("probe.created", {"n": 1})
+                raise ValueError
+        except ValueError:
+            pass
+        outbox.send("probe.created", {"n": 2})
+    assert listen() == 1
+
+
+def test_each_autocommit_send_notifies(listen):
+    outbox.send("probe.created", {})
+    outbox.send("probe.created", {})
+    assert listen() == 2
+
+
+def test_idempotent_repeat_does_not_notify_again(listen):
+    outbox.send("probe.created", {}, idempotency_key="once")
+    assert listen() == 1
+    outbox.send("probe.created", {}, idempotency_key="once")
+    assert listen() == 0
+
+
+def test_notify_can_be_switched_off(listen):
+    with override_settings(OUTBOX={"NOTIFY": False}):
+        outbox.send("probe.created", {})
+    assert listen() == 0
+
+
+def _start_idle_worker(poll_interval: float) -> tuple[Relay, threading.Thread]:
+    relay = Relay(RelayConfig.from_settings(poll_interval=poll_interval))
+    thread = threading.Thread(target=relay.run, daemon=True)
+    thread.start()
+    assert relay.listener is not None
+    wait_for(relay.listener.connected.is_set, timeout=10)
+    time.sleep(0.3)  # let the delivery thread go idle
+    return relay, thread
+
+
+def test_idle_worker_wakes_on_commit_not_on_poll(handler):
+    delivered = threading.Event()
+    handler("t.wake", lambda m: delivered.set())
+    relay, thread = _start_idle_worker(poll_interval=60)
+    try:
+        with transaction.atomic():
+            outbox.send("t.wake", {})
+        # the poll interval is a minute: only the NOTIFY can explain a delivery within seconds
+        assert delivered.wait(10)
+    finally:
+        relay.stop()
+        thread.join(20)
+
+
+def test_listener_reconnects_after_its_connection_is_killed(handler):
+    delivered = threading.Event()
+    handler("t.wake", lambda m: delivered.set())
+    relay, thread = _start_idle_worker(poll_interval=60)
+    try:
+        with connection.cursor() as cursor:
+            cursor.execute(
+                "SELECT pg_terminate_backend(pid) FROM pg_stat_activity WHERE query ILIKE 'LISTEN%%' "
+                "AND datname = current_database()"
+            )
+            assert cursor.fetchone() is not None
+        assert relay.listener is not None
+        wait_for(lambda: not relay.listener.connected.is_set(), timeout=10)
+        wait_for(relay.listener.connected.is_set, timeout=15)
+        time.sleep(0.3)
+        outbox.send("t.wake", {})
+        assert delivered.wait(10)
+        wait_for(lambda: Message.objects.get().status == "delivered")
+    finally:
+        relay.stop()
+        thread.join(20)
