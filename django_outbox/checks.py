@@ -5,7 +5,7 @@ The ids are listed in docs/checks.md. The worker command runs them before it sta
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from typing import Any
 
 from django.apps import AppConfig
@@ -45,22 +45,24 @@ def check_settings(app_configs: Sequence[AppConfig] | None = None, **kwargs: Any
 
 @register(Tags.compatibility)
 def check_database(app_configs: Sequence[AppConfig] | None = None, **kwargs: Any) -> list[CheckMessage]:
-    found: list[CheckMessage] = []
     alias = conf.get_settings().DATABASE if not conf.problems() else "default"
-    db = settings.DATABASES.get(alias, {})
-    engine = db.get("ENGINE", "")
+    return database_messages(alias, settings.DATABASES.get(alias, {}))
+
+
+def database_messages(alias: str, db: Mapping[str, Any]) -> list[CheckMessage]:
+    engine = str(db.get("ENGINE", ""))
     vendor = engine.rsplit(".", 1)[-1]
     vendor = {"sqlite3": "sqlite", "postgresql_psycopg2": "postgresql"}.get(vendor, vendor)
     if vendor not in SUPPORTED_VENDORS:
-        found.append(
+        return [
             Error(
                 f"The outbox database {alias!r} uses {engine}; django_outbox supports PostgreSQL and SQLite.",
                 hint="Point OUTBOX['DATABASE'] at a supported database.",
                 id="django_outbox.E005",
             )
-        )
-    elif vendor == "sqlite" and db.get("OPTIONS", {}).get("transaction_mode") != "IMMEDIATE":
-        found.append(
+        ]
+    if vendor == "sqlite" and db.get("OPTIONS", {}).get("transaction_mode") != "IMMEDIATE":
+        return [
             Warning(
                 f"SQLite database {alias!r} uses deferred transactions; concurrent workers and web requests may "
                 "fail with 'database is locked'.",
@@ -68,5 +70,5 @@ def check_database(app_configs: Sequence[AppConfig] | None = None, **kwargs: Any
                 "'init_command': 'PRAGMA journal_mode=WAL;'}.",
                 id="django_outbox.W001",
             )
-        )
-    return found
+        ]
+    return []
