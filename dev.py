@@ -33,17 +33,22 @@ def run(*cmd: str | Path, env: dict[str, str] | None = None, check: bool = True)
 
 
 def find_python(min_minor: int) -> str | None:
-    """A CPython 3.x (x >= min_minor) on this machine: PATH first, then pyenv's versions."""
+    """A CPython 3.x (x >= min_minor) that really runs: pyenv's versions, then PATH (shims may be dead)."""
     if sys.version_info >= (3, min_minor):
         return sys.executable
-    for minor in range(13, min_minor - 1, -1):
-        found = shutil.which(f"python3.{minor}")
-        if found:
-            return found
     pyenv_root = Path(os.environ.get("PYENV_ROOT", Path.home() / ".pyenv")) / "versions"
-    for minor in range(13, min_minor - 1, -1):
-        for candidate in sorted(pyenv_root.glob(f"3.{minor}.*/bin/python3"), reverse=True):
-            return str(candidate)
+    candidates = [
+        str(p)
+        for minor in range(13, min_minor - 1, -1)
+        for p in sorted(pyenv_root.glob(f"3.{minor}.*/bin/python3"), reverse=True)
+    ]
+    candidates += [found for minor in range(13, min_minor - 1, -1) if (found := shutil.which(f"python3.{minor}"))]
+    for candidate in candidates:
+        probe = subprocess.run(
+            [candidate, "-c", "import sys, venv; print(sys.version_info[:2])"], capture_output=True, text=True
+        )
+        if probe.returncode == 0:
+            return candidate
     return None
 
 
