@@ -49,8 +49,10 @@ def run_action(client: Client, action: str, messages: list[Message], **fields: s
 
 
 def test_changelist_shows_the_columns_newest_first(admin_client):
-    old = MessageFactory(topic="orders.created", key="order-1", attempts=2, last_error="Traceback...\nValueError: boom")
-    new = MessageFactory(topic="orders.paid", status=Message.Status.DEAD)
+    old = MessageFactory.create(
+        topic="orders.created", key="order-1", attempts=2, last_error="Traceback...\nValueError: boom"
+    )
+    new = MessageFactory.create(topic="orders.paid", status=Message.Status.DEAD)
     html = admin_client.get(CHANGELIST).content.decode()
     assert html.index(f">{new.pk}<") < html.index(f">{old.pk}<")
     for text in ("orders.created", "order-1", "2 / 5", "ValueError: boom", 'class="outbox-badge outbox-dead"'):
@@ -59,9 +61,9 @@ def test_changelist_shows_the_columns_newest_first(admin_client):
 
 
 def test_changelist_filters_by_status_topic_and_created_date(admin_client):
-    dead = MessageFactory(topic="a.dead", status=Message.Status.DEAD)
-    pending = MessageFactory(topic="b.pending")
-    old = MessageFactory(topic="b.pending", created_at=timezone.now() - dt.timedelta(days=30))
+    dead = MessageFactory.create(topic="a.dead", status=Message.Status.DEAD)
+    pending = MessageFactory.create(topic="b.pending")
+    old = MessageFactory.create(topic="b.pending", created_at=timezone.now() - dt.timedelta(days=30))
 
     def ids(query: str) -> set[int]:
         response = admin_client.get(CHANGELIST + query)
@@ -76,8 +78,8 @@ def test_changelist_filters_by_status_topic_and_created_date(admin_client):
 
 
 def test_search_matches_uuid_idempotency_key_key_topic_and_id_exactly(admin_client):
-    target = MessageFactory(topic="search.me", key="k-42", idempotency_key="idem-42")
-    MessageFactory(topic="search.me.not", key="k-420", idempotency_key="idem-420")
+    target = MessageFactory.create(topic="search.me", key="k-42", idempotency_key="idem-42")
+    MessageFactory.create(topic="search.me.not", key="k-420", idempotency_key="idem-420")
 
     def found(term: str) -> list[int]:
         return [m.pk for m in admin_client.get(CHANGELIST, {"q": term}).context["cl"].result_list]
@@ -91,7 +93,7 @@ def test_search_matches_uuid_idempotency_key_key_topic_and_id_exactly(admin_clie
 
 def test_changelist_queries_are_bounded_and_do_not_grow_with_rows(admin_client, django_assert_max_num_queries):
     for i in range(3):
-        AttemptFactory(message=MessageFactory(key=f"k{i}"))
+        AttemptFactory.create(message=MessageFactory.create(key=f"k{i}"))
     admin_client.get(CHANGELIST)  # warm the content-type and permission caches
     with CaptureQueriesContext(connection) as few:
         assert admin_client.get(CHANGELIST).status_code == 200
@@ -142,12 +144,12 @@ def test_past_the_cap_postgres_estimates_and_sqlite_counts(admin_client, monkeyp
 
 
 def test_detail_escapes_payload_and_headers(admin_client):
-    message = MessageFactory(
+    message = MessageFactory.create(
         payload={"note": "<script>alert('payload')</script>", "n": 1},
         headers={"x-evil": "<img src=x onerror=alert(1)>"},
         last_error="<script>alert('error')</script>",
     )
-    AttemptFactory(message=message, outcome="failed", error="<script>alert('attempt')</script>")
+    AttemptFactory.create(message=message, outcome="failed", error="<script>alert('attempt')</script>")
     html = admin_client.get(change_url(message)).content.decode()
     assert "<script>alert(" not in html
     assert "<img src=x" not in html
@@ -157,11 +159,11 @@ def test_detail_escapes_payload_and_headers(admin_client):
 
 
 def test_detail_shows_the_attempt_timeline_and_messages_sharing_the_key(admin_client):
-    earlier = MessageFactory(key="order-7", topic="orders.created", status=Message.Status.DELIVERED)
-    message = MessageFactory(key="order-7", topic="orders.paid", status=Message.Status.DEAD, attempts=2)
-    MessageFactory(key="order-8")
+    earlier = MessageFactory.create(key="order-7", topic="orders.created", status=Message.Status.DELIVERED)
+    message = MessageFactory.create(key="order-7", topic="orders.paid", status=Message.Status.DEAD, attempts=2)
+    MessageFactory.create(key="order-8")
     start = timezone.now() - dt.timedelta(minutes=5)
-    AttemptFactory(
+    AttemptFactory.create(
         message=message,
         number=1,
         worker="host-a:11:aa",
@@ -170,7 +172,7 @@ def test_detail_shows_the_attempt_timeline_and_messages_sharing_the_key(admin_cl
         finished_at=start + dt.timedelta(seconds=1.5),
         error="Traceback (most recent call last):\nConnectionError: refused",
     )
-    AttemptFactory(message=message, number=2, worker="host-b:22:bb", outcome="abandoned", error="lease expired")
+    AttemptFactory.create(message=message, number=2, worker="host-b:22:bb", outcome="abandoned", error="lease expired")
     html = admin_client.get(change_url(message)).content.decode()
     timeline = html[html.index('id="outbox-attempts"') :]
     assert "2 attempts" in timeline
@@ -182,7 +184,7 @@ def test_detail_shows_the_attempt_timeline_and_messages_sharing_the_key(admin_cl
 
 
 def test_detail_is_read_only_even_for_a_superuser(admin_client):
-    message = MessageFactory()
+    message = MessageFactory.create()
     assert admin_client.post(change_url(message), {"topic": "changed"}).status_code == 403
     assert admin_client.get(reverse("admin:django_outbox_message_add")).status_code == 403
     assert admin_client.post(reverse("admin:django_outbox_message_delete", args=[message.pk])).status_code == 403
@@ -191,9 +193,9 @@ def test_detail_is_read_only_even_for_a_superuser(admin_client):
 
 
 def test_detail_query_count_is_bounded(admin_client, django_assert_max_num_queries):
-    message = MessageFactory(key="k")
+    message = MessageFactory.create(key="k")
     for n in range(1, 6):
-        AttemptFactory(message=message, number=n)
+        AttemptFactory.create(message=message, number=n)
     MessageFactory.create_batch(3, key="k")
     admin_client.get(change_url(message))
     with django_assert_max_num_queries(8):
@@ -206,7 +208,7 @@ def test_detail_query_count_is_bounded(admin_client, django_assert_max_num_queri
 def test_only_staff_get_in(client):
     User.objects.create_user("visitor", password="pw", is_staff=False)
     client.login(username="visitor", password="pw")
-    message = MessageFactory()
+    message = MessageFactory.create()
     for url in (CHANGELIST, change_url(message), OVERVIEW):
         response = client.get(url)
         assert response.status_code == 302 and "/login/" in response["Location"], url
@@ -220,7 +222,7 @@ def test_staff_without_view_permission_is_refused(client):
 
 def test_viewer_sees_no_actions_and_cannot_run_them(client):
     staff(client, "view_message")
-    dead = MessageFactory(status=Message.Status.DEAD)
+    dead = MessageFactory.create(status=Message.Status.DEAD)
     html = client.get(CHANGELIST).content.decode()
     assert "retry_messages" not in html and "cancel_messages" not in html
     detail = client.get(change_url(dead)).content.decode()
@@ -236,7 +238,7 @@ def test_viewer_sees_no_actions_and_cannot_run_them(client):
 
 def test_each_action_needs_its_own_permission(client):
     staff(client, "view_message", "retry_message")
-    dead = MessageFactory(status=Message.Status.DEAD)
+    dead = MessageFactory.create(status=Message.Status.DEAD)
     html = client.get(CHANGELIST).content.decode()
     assert "retry_messages" in html and "cancel_messages" not in html
     detail = client.get(change_url(dead)).content.decode()
@@ -252,10 +254,10 @@ def test_each_action_needs_its_own_permission(client):
 def test_retry_asks_first_then_requeues_dead_and_pending_and_refuses_the_rest(client):
     user = staff(client, "view_message", "retry_message")
     later = timezone.now() + dt.timedelta(hours=1)
-    dead = MessageFactory(status=Message.Status.DEAD, attempts=5, last_error="boom")
-    waiting = MessageFactory(status=Message.Status.PENDING, attempts=2, available_at=later)
-    leased = MessageFactory(status=Message.Status.PROCESSING, attempts=1, locked_by="w1", locked_until=later)
-    delivered = MessageFactory(status=Message.Status.DELIVERED, attempts=1)
+    dead = MessageFactory.create(status=Message.Status.DEAD, attempts=5, last_error="boom")
+    waiting = MessageFactory.create(status=Message.Status.PENDING, attempts=2, available_at=later)
+    leased = MessageFactory.create(status=Message.Status.PROCESSING, attempts=1, locked_by="w1", locked_until=later)
+    delivered = MessageFactory.create(status=Message.Status.DELIVERED, attempts=1)
 
     confirm = client.post(
         CHANGELIST, {"action": "retry_messages", "_selected_action": [dead.pk, waiting.pk, leased.pk, delivered.pk]}
@@ -280,7 +282,7 @@ def test_retry_asks_first_then_requeues_dead_and_pending_and_refuses_the_rest(cl
 
 
 def test_retry_from_the_detail_page_returns_there(admin_client):
-    dead = MessageFactory(status=Message.Status.DEAD)
+    dead = MessageFactory.create(status=Message.Status.DEAD)
     response = admin_client.post(
         CHANGELIST,
         {"action": "retry_messages", "_selected_action": [dead.pk], "_from_detail": str(dead.pk), "apply": "1"},
@@ -292,8 +294,8 @@ def test_retry_from_the_detail_page_returns_there(admin_client):
 
 def test_cancel_needs_a_reason_and_keeps_it(client):
     user = staff(client, "view_message", "cancel_message")
-    dead = MessageFactory(status=Message.Status.DEAD)
-    delivered = MessageFactory(status=Message.Status.DELIVERED)
+    dead = MessageFactory.create(status=Message.Status.DEAD)
+    delivered = MessageFactory.create(status=Message.Status.DELIVERED)
     page = client.post(CHANGELIST, {"action": "cancel_messages", "_selected_action": [dead.pk], "apply": "1"})
     assert page.status_code == 200 and b"This field is required" in page.content
     dead.refresh_from_db()
@@ -311,8 +313,8 @@ def test_cancel_needs_a_reason_and_keeps_it(client):
 
 def test_requeue_dead_of_a_topic_from_the_list_and_from_the_overview(admin_client):
     dead_a = MessageFactory.create_batch(3, topic="a", status=Message.Status.DEAD, attempts=5)
-    dead_b = MessageFactory(topic="b", status=Message.Status.DEAD, attempts=5)
-    pending_a = MessageFactory(topic="a")
+    dead_b = MessageFactory.create(topic="b", status=Message.Status.DEAD, attempts=5)
+    pending_a = MessageFactory.create(topic="a")
     page = run_action(admin_client, "requeue_dead_topics", [pending_a], reset_attempts="on")
     assert "3 messages requeued" in page
     assert set(Message.objects.filter(topic="a").values_list("status", flat=True)) == {"pending"}
@@ -331,10 +333,10 @@ def test_overview_page_shows_counts_lag_chart_dead_topics_and_workers(admin_clie
     from django_outbox.models import Worker
 
     now = timezone.now()
-    MessageFactory(available_at=now - dt.timedelta(seconds=90))
+    MessageFactory.create(available_at=now - dt.timedelta(seconds=90))
     MessageFactory.create_batch(2, topic="mail.send", status=Message.Status.DEAD)
     for i in range(4):
-        AttemptFactory(finished_at=now - dt.timedelta(minutes=i), outcome="delivered" if i else "failed")
+        AttemptFactory.create(finished_at=now - dt.timedelta(minutes=i), outcome="delivered" if i else "failed")
     Worker.objects.create(
         worker_id="web-1:10:aa", hostname="web-1", pid=10, started_at=now, last_seen=now, in_flight=3, delivered=7
     )
