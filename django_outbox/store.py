@@ -24,6 +24,7 @@ from django.db.utils import NotSupportedError
 from django.utils import timezone
 
 from .models import Attempt, Message, Worker
+from .wakeup import notify_on_commit
 
 MESSAGE = Message._meta.db_table
 ATTEMPT = Attempt._meta.db_table
@@ -509,6 +510,8 @@ def retry(alias: str, message_ids: Iterable[int], *, reset_attempts: bool = Fals
         if reset_attempts:
             changes["attempts"] = 0
         Message.objects.using(alias).filter(id__in=allowed).update(**changes)
+        if allowed:
+            notify_on_commit(alias)  # idle workers pick the retried messages up at once, not at the next poll
     return ActionResult(changed=sorted(allowed), refused=sorted(set(ids) - set(allowed)))
 
 
@@ -533,5 +536,11 @@ def cancel(alias: str, message_ids: Iterable[int], *, reason: str) -> ActionResu
 
 def requeue_dead(alias: str, *, topic: str, reset_attempts: bool = True) -> ActionResult:
     """Retry every dead message of one topic (after the destination was fixed)."""
-    ids = Message.objects.using(alias).filter(status=DEAD, topic=topic).values_list("id", flat=True)
-    return retry(alias, list(ids), reset_attempts=reset_attempts)
+    ids = list(Message.objects.using(alias).filter(status=DEAD, topic=topic).values_list("id", flat=True))
+    changed: list[int] = []
+    refused: list[int] = []
+    for start in range(0, len(ids), 500):  # stay under SQLite's limit on query parameters
+        result = retry(alias, ids[start : start + 500], reset_attempts=reset_attempts)
+        changed += result.changed
+        refused += result.refused
+    return ActionResult(changed=changed, refused=refused)

@@ -1,0 +1,425 @@
+"""The outbox console: a read-only audit log, retry and cancel actions, and a live overview page.
+
+Nothing here edits a message. State changes go through ``store.retry`` / ``store.cancel`` /
+``store.requeue_dead``, the functions the relay's rules are written in, so a leased or delivered message
+is refused here exactly as it would be anywhere else. Each action needs its own permission and lands
+in Django's admin log under the user who ran it.
+"""
+
+from __future__ import annotations
+
+import json
+import uuid as uuid_module
+from collections.abc import Iterable, Sequence
+from typing import Any
+
+from django import forms
+from django.contrib import admin, messages
+from django.contrib.admin import helpers
+from django.contrib.admin.models import CHANGE, LogEntry
+from django.core.exceptions import PermissionDenied
+from django.core.serializers.json import DjangoJSONEncoder
+from django.db.models import Q, QuerySet
+from django.http import HttpRequest, HttpResponse, HttpResponseRedirect
+from django.template.response import TemplateResponse
+from django.urls import URLPattern, path, reverse
+from django.utils.html import format_html
+from django.utils.safestring import SafeString
+from django.utils.text import Truncator
+from django.utils.translation import gettext, ngettext
+from django.utils.translation import gettext_lazy as _
+
+from . import overview, store
+from .charts import throughput_svg
+from .counting import EstimatingPaginator, distinct_values
+from .models import Message
+
+#: One action (or "select all") changes at most this many messages; beyond it, requeue by topic.
+MAX_ACTION_MESSAGES = 100_000
+#: Ids per store call: well under SQLite's limit on query parameters.
+ACTION_CHUNK = 500
+TOPICS_IN_FILTER = 100
+RELATED_SHOWN = 20
+ATTEMPTS_SHOWN = 200
+ERROR_EXCERPT_CHARS = 80
+
+_REFUSAL: dict[str, str] = {
+    Message.Status.PROCESSING: "being processed by a worker (leased)",
+    Message.Status.DELIVERED: "already delivered",
+    Message.Status.CANCELLED: "cancelled",
+    Message.Status.PENDING: "pending",
+    Message.Status.DEAD: "dead",
+}
+
+
+def status_badge(status: str) -> SafeString:
+    label = Message.Status(status).label if status in Message.Status.values else status
+    return format_html('<span class="outbox-badge outbox-{}">{}</span>', status, label)
+
+
+def pretty_json(value: object) -> SafeString:
+    text = json.dumps(value, indent=2, ensure_ascii=False, sort_keys=True, cls=DjangoJSONEncoder)
+    return format_html('<pre class="outbox-json">{}</pre>', text)
+
+
+class TopicFilter(admin.SimpleListFilter):
+    """Topics found through the topic index, one probe each: ``DISTINCT`` would read every row."""
+
+    title = _("topic")
+    parameter_name = "topic"
+
+    def lookups(self, request: HttpRequest, model_admin: admin.ModelAdmin[Any]) -> list[tuple[str, str]]:
+        using = model_admin.get_queryset(request).db
+        return [(t, t) for t in distinct_values(Message, "topic", using=using, limit=TOPICS_IN_FILTER)]
+
+    def queryset(self, request: HttpRequest, queryset: QuerySet[Any]) -> QuerySet[Any]:
+        value = self.value()
+        return queryset.filter(topic=value) if value else queryset
+
+
+class RetryForm(forms.Form):
+    reset_attempts = forms.BooleanField(
+        required=False,
+        label=_("Reset the attempt counter"),
+        help_text=_("Give the messages their full number of attempts again (the history is kept)."),
+    )
+
+
+class CancelForm(forms.Form):
+    reason = forms.CharField(
+        max_length=500,
+        label=_("Reason"),
+        help_text=_("Stored on each message, so whoever looks later knows why it was not delivered."),
+    )
+
+
+class RequeueForm(RetryForm):
+    reset_attempts = forms.BooleanField(required=False, initial=True, label=_("Reset the attempt counter"))
+
+
+@admin.register(Message)
+class MessageAdmin(admin.ModelAdmin):  # type: ignore[type-arg]  # generic only in the stubs
+    list_display = [
+        "id",
+        "topic",
+        "key",
+        "status_display",
+        "attempts_display",
+        "created_at",
+        "available_at",
+        "delivered_at",
+        "error_excerpt",
+    ]
+    list_display_links = ["id"]
+    list_filter = ["status", TopicFilter, "created_at"]
+    search_fields = ["uuid", "idempotency_key", "key", "topic"]
+    search_help_text = _("Exact uuid, idempotency key, key, topic or message id.")
+    ordering = ["-id"]
+    list_per_page = 50
+    paginator = EstimatingPaginator
+    show_full_result_count = False
+    actions = ["retry_messages", "cancel_messages", "requeue_dead_topics"]
+    change_form_template = "admin/django_outbox/message/change_form.html"
+    change_list_template = "admin/django_outbox/message/change_list.html"
+    fieldsets = [
+        (None, {"fields": ["uuid", "topic", "key", "idempotency_key", "status_display", "attempts_display"]}),
+        (_("Timing"), {"fields": ["created_at", "available_at", "delivered_at", "locked_by", "locked_until"]}),
+        (_("Content"), {"fields": ["payload_display", "headers_display", "last_error_display"]}),
+    ]
+    readonly_fields = [
+        "uuid",
+        "topic",
+        "key",
+        "idempotency_key",
+        "status_display",
+        "attempts_display",
+        "created_at",
+        "available_at",
+        "delivered_at",
+        "locked_by",
+        "locked_until",
+        "payload_display",
+        "headers_display",
+        "last_error_display",
+    ]
+
+    class Media:
+        css = {"all": ["django_outbox/admin.css"]}
+
+    # --- read-only -------------------------------------------------------------------------------
+
+    def has_add_permission(self, request: HttpRequest) -> bool:
+        return False
+
+    def has_change_permission(self, request: HttpRequest, obj: Message | None = None) -> bool:
+        return False
+
+    def has_delete_permission(self, request: HttpRequest, obj: Message | None = None) -> bool:
+        return False
+
+    def has_retry_permission(self, request: HttpRequest) -> bool:
+        return bool(request.user.has_perm("django_outbox.retry_message"))
+
+    def has_cancel_permission(self, request: HttpRequest) -> bool:
+        return bool(request.user.has_perm("django_outbox.cancel_message"))
+
+    def get_queryset(self, request: HttpRequest) -> QuerySet[Message]:
+        queryset = super().get_queryset(request)
+        match = request.resolver_match
+        if match is not None and match.url_name == "django_outbox_message_changelist":
+            queryset = queryset.defer("payload", "headers")  # payloads may be large; the list never shows them
+        return queryset
+
+    def get_search_results(
+        self, request: HttpRequest, queryset: QuerySet[Message], search_term: str
+    ) -> tuple[QuerySet[Message], bool]:
+        """Exact matches only, each served by an index; ``icontains`` would scan the whole table."""
+        term = search_term.strip()
+        if not term:
+            return queryset, False
+        match = Q(idempotency_key=term) | Q(key=term) | Q(topic=term)
+        try:
+            match |= Q(uuid=uuid_module.UUID(term))
+        except ValueError:
+            pass
+        if term.isdigit() and int(term) < 2**63:
+            match |= Q(id=int(term))
+        return queryset.filter(match), False
+
+    # --- list columns ----------------------------------------------------------------------------
+
+    @admin.display(description=_("status"), ordering="status")
+    def status_display(self, obj: Message) -> SafeString:
+        return status_badge(obj.status)
+
+    @admin.display(description=_("attempts"))
+    def attempts_display(self, obj: Message) -> str:
+        return f"{obj.attempts} / {obj.max_attempts}"
+
+    @admin.display(description=_("last error"))
+    def error_excerpt(self, obj: Message) -> str:
+        lines = [line for line in obj.last_error.strip().splitlines() if line.strip()]
+        return Truncator(lines[-1] if lines else "").chars(ERROR_EXCERPT_CHARS)
+
+    # --- detail ----------------------------------------------------------------------------------
+
+    @admin.display(description=_("payload"))
+    def payload_display(self, obj: Message) -> SafeString:
+        return pretty_json(obj.payload)
+
+    @admin.display(description=_("headers"))
+    def headers_display(self, obj: Message) -> SafeString:
+        return pretty_json(obj.headers)
+
+    @admin.display(description=_("last error"))
+    def last_error_display(self, obj: Message) -> SafeString | str:
+        return format_html('<pre class="outbox-error">{}</pre>', obj.last_error) if obj.last_error else "-"
+
+    def change_view(
+        self, request: HttpRequest, object_id: str, form_url: str = "", extra_context: dict[str, Any] | None = None
+    ) -> HttpResponse:
+        obj = self.get_object(request, object_id)
+        context = dict(extra_context or {})
+        if obj is not None:
+            related: list[Message] = []
+            if obj.key is not None:
+                related = list(
+                    self.get_queryset(request)
+                    .filter(key=obj.key)
+                    .exclude(pk=obj.pk)
+                    .only("id", "topic", "status", "created_at", "delivered_at")
+                    .order_by("-id")[:RELATED_SHOWN]
+                )
+            context.update(
+                attempts=list(obj.attempt_log.all()[:ATTEMPTS_SHOWN]),
+                related=related,
+                actionable=obj.status in (Message.Status.PENDING, Message.Status.DEAD),
+                can_retry=self.has_retry_permission(request),
+                can_cancel=self.has_cancel_permission(request),
+                changelist_url=reverse("admin:django_outbox_message_changelist"),
+            )
+        return super().change_view(request, object_id, form_url, context)
+
+    # --- actions ---------------------------------------------------------------------------------
+
+    @admin.action(description=_("Retry selected messages now"), permissions=["retry"])
+    def retry_messages(self, request: HttpRequest, queryset: QuerySet[Message]) -> HttpResponse | None:
+        form = RetryForm(request.POST if "apply" in request.POST else None)
+        if not form.is_valid():
+            return self._confirm(request, queryset, "retry_messages", form, gettext("Retry these messages now?"))
+        ids = self._selected_ids(request, queryset)
+        if ids is None:
+            return None
+        reset = form.cleaned_data["reset_attempts"]
+        changed: list[int] = []
+        refused: list[int] = []
+        for chunk in _chunks(ids):
+            result = store.retry(queryset.db, chunk, reset_attempts=reset)
+            changed += result.changed
+            refused += result.refused
+        note = "Retried from the admin" + (", attempts reset" if reset else "")
+        self._report(request, queryset.db, changed, refused, note, gettext("retried"))
+        return self._back(request)
+
+    @admin.action(description=_("Cancel selected messages"), permissions=["cancel"])
+    def cancel_messages(self, request: HttpRequest, queryset: QuerySet[Message]) -> HttpResponse | None:
+        form = CancelForm(request.POST if "apply" in request.POST else None)
+        if not form.is_valid():
+            return self._confirm(request, queryset, "cancel_messages", form, gettext("Cancel these messages?"))
+        ids = self._selected_ids(request, queryset)
+        if ids is None:
+            return None
+        reason = form.cleaned_data["reason"]
+        changed: list[int] = []
+        refused: list[int] = []
+        for chunk in _chunks(ids):
+            result = store.cancel(queryset.db, chunk, reason=reason)
+            changed += result.changed
+            refused += result.refused
+        self._report(
+            request, queryset.db, changed, refused, f"Cancelled from the admin: {reason}", gettext("cancelled")
+        )
+        return self._back(request)
+
+    @admin.action(description=_("Requeue all dead messages of the selected messages' topics"), permissions=["retry"])
+    def requeue_dead_topics(self, request: HttpRequest, queryset: QuerySet[Message]) -> HttpResponse | None:
+        topics = sorted(set(queryset.order_by().values_list("topic", flat=True).distinct()[:TOPICS_IN_FILTER]))
+        form = RequeueForm(request.POST if "apply" in request.POST else None)
+        if not form.is_valid():
+            dead = {
+                t: Message.objects.using(queryset.db).filter(status=Message.Status.DEAD, topic=t).count()
+                for t in topics
+            }
+            return self._confirm(
+                request,
+                queryset,
+                "requeue_dead_topics",
+                form,
+                gettext("Requeue every dead message of these topics?"),
+                dead,
+            )
+        self._requeue(request, queryset.db, topics, reset=form.cleaned_data["reset_attempts"])
+        return None
+
+    def _requeue(self, request: HttpRequest, using: str, topics: Iterable[str], *, reset: bool) -> None:
+        changed: list[int] = []
+        refused: list[int] = []
+        for topic in topics:
+            result = store.requeue_dead(using, topic=topic, reset_attempts=reset)
+            changed += result.changed
+            refused += result.refused
+        note = f"Requeued with all dead messages of {', '.join(topics)} from the admin"
+        self._report(request, using, changed, refused, note, gettext("requeued"))
+
+    def _selected_ids(self, request: HttpRequest, queryset: QuerySet[Message]) -> list[int] | None:
+        ids = list(queryset.order_by().values_list("id", flat=True)[: MAX_ACTION_MESSAGES + 1])
+        if len(ids) > MAX_ACTION_MESSAGES:
+            self.message_user(
+                request,
+                gettext("More than %(n)d messages selected: narrow the selection, or requeue dead messages by topic.")
+                % {"n": MAX_ACTION_MESSAGES},
+                messages.ERROR,
+            )
+            return None
+        return ids
+
+    def _confirm(
+        self,
+        request: HttpRequest,
+        queryset: QuerySet[Message],
+        action: str,
+        form: forms.Form,
+        question: str,
+        dead_by_topic: dict[str, int] | None = None,
+    ) -> TemplateResponse:
+        preview = list(queryset.only("id", "topic", "key", "status").order_by("-id")[:20])
+        context = {
+            **self.admin_site.each_context(request),
+            "title": question,
+            "opts": self.model._meta,
+            "action": action,
+            "form": form,
+            "preview": preview,
+            "selected": request.POST.getlist(helpers.ACTION_CHECKBOX_NAME),
+            "select_across": request.POST.get("select_across", "0"),
+            "from_detail": request.POST.get("_from_detail", ""),
+            "dead_by_topic": dead_by_topic,
+        }
+        return TemplateResponse(request, "admin/django_outbox/message/action_confirm.html", context)
+
+    def _report(
+        self, request: HttpRequest, using: str, changed: Sequence[int], refused: Sequence[int], note: str, verb: str
+    ) -> None:
+        if changed:
+            for chunk in _chunks(changed):
+                LogEntry.objects.log_actions(
+                    user_id=request.user.pk or 0,
+                    queryset=Message.objects.using(using).filter(id__in=chunk).only("id", "topic", "status"),
+                    action_flag=CHANGE,
+                    change_message=note,
+                )
+            self.message_user(
+                request,
+                ngettext("%(n)d message %(verb)s.", "%(n)d messages %(verb)s.", len(changed))
+                % {"n": len(changed), "verb": verb},
+                messages.SUCCESS,
+            )
+        if refused:
+            statuses = dict(
+                Message.objects.using(using).filter(id__in=refused[:ACTION_CHUNK]).values_list("id", "status")
+            )
+            reasons = ", ".join(f"#{i} is {_REFUSAL.get(statuses.get(i, ''), 'gone')}" for i in refused[:10])
+            more = f" and {len(refused) - 10} more" if len(refused) > 10 else ""
+            self.message_user(
+                request,
+                gettext("%(n)d not %(verb)s: %(reasons)s%(more)s. Only pending or dead messages can be changed.")
+                % {"n": len(refused), "verb": verb, "reasons": reasons, "more": more},
+                messages.WARNING,
+            )
+
+    def _back(self, request: HttpRequest) -> HttpResponseRedirect | None:
+        """After an action started from a message's page, return to that page."""
+        from_detail = request.POST.get("_from_detail", "")
+        if from_detail.isdigit():
+            return HttpResponseRedirect(reverse("admin:django_outbox_message_change", args=[from_detail]))
+        return None
+
+    # --- overview --------------------------------------------------------------------------------
+
+    def get_urls(self) -> list[URLPattern]:
+        wrap = self.admin_site.admin_view
+        return [
+            path("overview/", wrap(self.overview_view), name="django_outbox_message_overview"),
+            path("overview/requeue/", wrap(self.requeue_topic_view), name="django_outbox_message_requeue_topic"),
+            *super().get_urls(),
+        ]
+
+    def overview_view(self, request: HttpRequest) -> TemplateResponse:
+        if not self.has_view_permission(request):
+            raise PermissionDenied
+        using = self.get_queryset(request).db
+        figures = overview.collect(using)
+        context = {
+            **self.admin_site.each_context(request),
+            "title": gettext("Outbox overview"),
+            "opts": self.model._meta,
+            "overview": figures,
+            "counts": [(Message.Status(s).label, s, t) for s, t in figures.counts.items()],
+            "chart": throughput_svg(figures.minutes),
+            "can_retry": self.has_retry_permission(request),
+            "stale_after": int(overview.STALE_AFTER_SECONDS),
+        }
+        return TemplateResponse(request, "admin/django_outbox/overview.html", context)
+
+    def requeue_topic_view(self, request: HttpRequest) -> HttpResponseRedirect:
+        if request.method != "POST" or not self.has_retry_permission(request):
+            raise PermissionDenied
+        topic = request.POST.get("topic", "")
+        if topic:
+            self._requeue(request, self.get_queryset(request).db, [topic], reset=True)
+        return HttpResponseRedirect(reverse("admin:django_outbox_message_overview"))
+
+
+def _chunks(ids: Sequence[int]) -> Iterable[list[int]]:
+    for start in range(0, len(ids), ACTION_CHUNK):
+        yield list(ids[start : start + ACTION_CHUNK])

@@ -1,0 +1,82 @@
+"""``manage.py outbox_status``: the admin overview's figures in a terminal, as text or JSON, and a health check."""
+
+from __future__ import annotations
+
+import json
+from typing import Any
+
+from django.core.management.base import BaseCommand, CommandError, CommandParser
+
+from django_outbox import overview
+from django_outbox.conf import get_settings
+
+
+class Command(BaseCommand):
+    help = (
+        "Show the outbox backlog, lag, throughput, dead messages per topic and workers. With --fail-if-* "
+        "options it exits with status 1 when the outbox is unhealthy (for health checks and monitoring)."
+    )
+
+    def add_arguments(self, parser: CommandParser) -> None:
+        parser.add_argument("--json", action="store_true", help="Print one JSON object (for scripts).")
+        parser.add_argument("--database", help="Database alias holding the outbox (default OUTBOX['DATABASE']).")
+        parser.add_argument(
+            "--stale-after",
+            type=float,
+            default=overview.STALE_AFTER_SECONDS,
+            metavar="SECONDS",
+            help="A worker not heard from for this long counts as gone (default %(default)s).",
+        )
+        parser.add_argument(
+            "--fail-if-lag-over",
+            type=float,
+            metavar="SECONDS",
+            help="Exit 1 when the oldest deliverable message has waited longer than this.",
+        )
+        parser.add_argument("--fail-if-no-worker", action="store_true", help="Exit 1 when no worker is alive.")
+        parser.add_argument(
+            "--fail-if-dead-over", type=int, metavar="N", help="Exit 1 when more than N messages are dead."
+        )
+
+    def handle(self, *args: Any, **options: Any) -> None:
+        using = options["database"] or get_settings().DATABASE
+        figures = overview.collect(using, stale_after=options["stale_after"])
+        problems = self._problems(figures, options)
+        if options["json"]:
+            self.stdout.write(json.dumps({**figures.as_json(), "healthy": not problems, "problems": problems}))
+        else:
+            self._print(figures)
+        if problems:
+            raise CommandError("unhealthy: " + "; ".join(problems), returncode=1)
+
+    @staticmethod
+    def _problems(figures: overview.Overview, options: dict[str, Any]) -> list[str]:
+        problems = []
+        lag_limit = options["fail_if_lag_over"]
+        if lag_limit is not None and figures.lag_seconds > lag_limit:
+            problems.append(f"lag {figures.lag_seconds:.1f}s is over {lag_limit:g}s")
+        if options["fail_if_no_worker"] and not figures.alive_workers:
+            problems.append(f"no worker has sent a heartbeat in the last {options['stale_after']:g}s")
+        dead_limit = options["fail_if_dead_over"]
+        dead = figures.counts["dead"].value
+        if dead_limit is not None and dead > dead_limit:
+            problems.append(f"{dead} dead messages, more than {dead_limit}")
+        return problems
+
+    def _print(self, figures: overview.Overview) -> None:
+        write = self.stdout.write
+        write("messages: " + "  ".join(f"{status} {tally}" for status, tally in figures.counts.items()))
+        oldest = f" (since {figures.oldest_deliverable_at:%Y-%m-%d %H:%M:%S})" if figures.oldest_deliverable_at else ""
+        write(f"lag: {figures.lag_seconds:.1f}s{oldest}")
+        write(f"last hour: {figures.delivered_last_hour} delivered, {figures.failed_last_hour} failed or abandoned")
+        if figures.dead_by_topic:
+            write("dead per topic:")
+            for topic, n in figures.dead_by_topic:
+                write(f"  {n:>8}  {topic}")
+        alive = figures.alive_workers
+        write(f"workers: {len(alive)} alive")
+        for w in figures.workers:
+            write(
+                f"  {w.state:<8} {w.worker_id}  pid {w.pid}  last seen {w.last_seen:%H:%M:%S}  "
+                f"in flight {w.in_flight}  delivered {w.delivered}  failed {w.failed}"
+            )

@@ -1,0 +1,173 @@
+"""The figures an operator checks first: backlog per status, lag, throughput, dead letters, live workers.
+
+One function gathers them for both the admin's overview page and ``manage.py outbox_status``, so the
+page and the health check can never disagree. Every query is served by an index and bounded, so the
+page stays fast on a table of millions of rows (see ``counting``).
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+from dataclasses import asdict, dataclass, field
+from typing import Any
+
+from django.db.models import Count, Min, Q
+from django.db.models.functions import TruncMinute
+from django.utils import timezone
+
+from .counting import Tally, tally
+from .models import Attempt, Message, Worker
+
+#: A worker whose heartbeat is older than this is shown as gone. Workers beat every 5 seconds at most.
+STALE_AFTER_SECONDS = 30.0
+#: Stopped or vanished workers stay listed this long, so a crash is still visible in the morning.
+GONE_WORKERS_SHOWN_FOR = dt.timedelta(hours=24)
+MAX_WORKERS_SHOWN = 50
+MAX_DEAD_TOPICS_SHOWN = 50
+WINDOW_MINUTES = 60
+
+
+@dataclass(frozen=True, kw_only=True, slots=True)
+class Minute:
+    start: dt.datetime
+    delivered: int
+    failed: int
+
+
+@dataclass(frozen=True, kw_only=True, slots=True)
+class WorkerState:
+    worker_id: str
+    hostname: str
+    pid: int
+    started_at: dt.datetime
+    last_seen: dt.datetime
+    in_flight: int
+    delivered: int
+    failed: int
+    state: str  # alive | stopped | gone
+
+    @property
+    def alive(self) -> bool:
+        return self.state == "alive"
+
+
+@dataclass(frozen=True, kw_only=True, slots=True)
+class Overview:
+    generated_at: dt.datetime
+    counts: dict[str, Tally]
+    oldest_deliverable_at: dt.datetime | None
+    minutes: list[Minute]
+    dead_by_topic: list[tuple[str, int]]
+    workers: list[WorkerState] = field(default_factory=list)
+
+    @property
+    def lag_seconds(self) -> float:
+        """How long the oldest message that could be delivered now has been waiting (0 when none)."""
+        if self.oldest_deliverable_at is None:
+            return 0.0
+        return max(0.0, (self.generated_at - self.oldest_deliverable_at).total_seconds())
+
+    @property
+    def alive_workers(self) -> list[WorkerState]:
+        return [w for w in self.workers if w.alive]
+
+    @property
+    def delivered_last_hour(self) -> int:
+        return sum(m.delivered for m in self.minutes)
+
+    @property
+    def failed_last_hour(self) -> int:
+        return sum(m.failed for m in self.minutes)
+
+    def as_json(self) -> dict[str, Any]:
+        def when(value: dt.datetime | None) -> str | None:
+            return value.isoformat() if value else None
+
+        return {
+            "generated_at": when(self.generated_at),
+            "counts": {status: t.value for status, t in self.counts.items()},
+            "counts_exact": {status: t.exact for status, t in self.counts.items()},
+            "lag_seconds": round(self.lag_seconds, 3),
+            "oldest_deliverable_at": when(self.oldest_deliverable_at),
+            "delivered_last_hour": self.delivered_last_hour,
+            "failed_last_hour": self.failed_last_hour,
+            "per_minute": [
+                {"minute": when(m.start), "delivered": m.delivered, "failed": m.failed} for m in self.minutes
+            ],
+            "dead_by_topic": [{"topic": topic, "dead": n} for topic, n in self.dead_by_topic],
+            "workers_alive": len(self.alive_workers),
+            "workers": [
+                {**asdict(w), "started_at": when(w.started_at), "last_seen": when(w.last_seen)} for w in self.workers
+            ],
+        }
+
+
+def collect(
+    using: str = "default", *, now: dt.datetime | None = None, stale_after: float = STALE_AFTER_SECONDS
+) -> Overview:
+    now = now or timezone.now()
+    messages = Message.objects.using(using)
+    counts = {status: tally(messages.filter(status=status)) for status in Message.Status.values}
+    oldest = messages.filter(status=Message.Status.PENDING, available_at__lte=now).aggregate(t=Min("available_at"))["t"]
+    dead_by_topic = [
+        (row["topic"], row["n"])
+        for row in messages.filter(status=Message.Status.DEAD)
+        .values("topic")
+        .annotate(n=Count("id"))
+        .order_by("-n", "topic")[:MAX_DEAD_TOPICS_SHOWN]
+    ]
+    return Overview(
+        generated_at=now,
+        counts=counts,
+        oldest_deliverable_at=oldest,
+        minutes=_minutes(using, now),
+        dead_by_topic=dead_by_topic,
+        workers=_workers(using, now, stale_after),
+    )
+
+
+def _minutes(using: str, now: dt.datetime) -> list[Minute]:
+    """Delivered and failed (or abandoned) attempts per minute over the last hour, empty minutes included."""
+    end = now.replace(second=0, microsecond=0) + dt.timedelta(minutes=1)
+    start = end - dt.timedelta(minutes=WINDOW_MINUTES)
+    rows = (
+        Attempt.objects.using(using)
+        .filter(finished_at__gte=start, finished_at__lt=end)
+        .annotate(minute=TruncMinute("finished_at"))
+        .values("minute")
+        .annotate(
+            delivered=Count("id", filter=Q(outcome=Attempt.Outcome.DELIVERED)),
+            failed=Count("id", filter=~Q(outcome=Attempt.Outcome.DELIVERED)),
+        )
+        .order_by("minute")
+    )
+    by_minute = {row["minute"]: (row["delivered"], row["failed"]) for row in rows}
+    minutes = []
+    for i in range(WINDOW_MINUTES):
+        minute = start + dt.timedelta(minutes=i)
+        delivered, failed = by_minute.get(minute, (0, 0))
+        minutes.append(Minute(start=minute, delivered=delivered, failed=failed))
+    return minutes
+
+
+def _workers(using: str, now: dt.datetime, stale_after: float) -> list[WorkerState]:
+    stale_before = now - dt.timedelta(seconds=stale_after)
+    rows = Worker.objects.using(using).filter(last_seen__gte=now - GONE_WORKERS_SHOWN_FOR)[:MAX_WORKERS_SHOWN]
+    states = []
+    for w in rows:
+        state = "stopped" if w.stopped_at else ("gone" if w.last_seen < stale_before else "alive")
+        states.append(
+            WorkerState(
+                worker_id=w.worker_id,
+                hostname=w.hostname,
+                pid=w.pid,
+                started_at=w.started_at,
+                last_seen=w.last_seen,
+                in_flight=w.in_flight if state == "alive" else 0,
+                delivered=w.delivered,
+                failed=w.failed,
+                state=state,
+            )
+        )
+    states.sort(key=lambda w: (not w.alive, w.hostname, w.worker_id))
+    return states

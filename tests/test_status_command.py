@@ -1,0 +1,113 @@
+from __future__ import annotations
+
+import datetime as dt
+import io
+import itertools
+import json
+import subprocess
+import sys
+
+import pytest
+from django.core.management import CommandError, call_command
+from django.utils import timezone
+
+from django_outbox import overview
+from django_outbox.models import Message, Worker
+
+from .conftest import ROOT, worker_env
+from .factories import AttemptFactory, MessageFactory
+
+pytestmark = pytest.mark.django_db
+
+
+def status(*args: str) -> str:
+    out = io.StringIO()
+    call_command("outbox_status", *args, stdout=out)
+    return out.getvalue()
+
+
+def beat(worker_id: str, *, seconds_ago: float, stopped: bool = False) -> Worker:
+    now = timezone.now()
+    return Worker.objects.create(
+        worker_id=worker_id,
+        hostname=worker_id.split(":")[0],
+        pid=1,
+        started_at=now - dt.timedelta(hours=1),
+        last_seen=now - dt.timedelta(seconds=seconds_ago),
+        stopped_at=now if stopped else None,
+        delivered=5,
+    )
+
+
+def test_json_has_the_overview_figures():
+    now = timezone.now()
+    MessageFactory.create(available_at=now - dt.timedelta(seconds=120))
+    MessageFactory.create(available_at=now + dt.timedelta(hours=1))  # scheduled: not lag
+    MessageFactory.create_batch(2, topic="mail.send", status=Message.Status.DEAD)
+    done = MessageFactory.create(status=Message.Status.DELIVERED)
+    AttemptFactory.create(message=done, outcome="delivered", finished_at=now - dt.timedelta(minutes=2))
+    AttemptFactory.create(message=done, outcome="failed", finished_at=now - dt.timedelta(minutes=2))
+    AttemptFactory.create(message=done, outcome="delivered", finished_at=now - dt.timedelta(hours=2))  # too old
+    beat("a:1:x", seconds_ago=1)
+    beat("b:2:y", seconds_ago=600)
+    beat("c:3:z", seconds_ago=5, stopped=True)
+    data = json.loads(status("--json"))
+    assert data["counts"] == {"pending": 2, "processing": 0, "delivered": 1, "dead": 2, "cancelled": 0}
+    assert all(data["counts_exact"].values())
+    assert 119 <= data["lag_seconds"] < 180
+    assert (data["delivered_last_hour"], data["failed_last_hour"]) == (1, 1)
+    assert len(data["per_minute"]) == 60
+    assert data["dead_by_topic"] == [{"topic": "mail.send", "dead": 2}]
+    assert data["workers_alive"] == 1
+    assert {w["worker_id"]: w["state"] for w in data["workers"]} == {
+        "a:1:x": "alive",
+        "b:2:y": "gone",
+        "c:3:z": "stopped",
+    }
+    assert data["healthy"] is True and data["problems"] == []
+
+
+def test_text_output_is_readable():
+    MessageFactory.create(status=Message.Status.DEAD, topic="hooks.order")
+    beat("a:1:x", seconds_ago=1)
+    text = status()
+    assert "dead 1" in text and "hooks.order" in text
+    assert "workers: 1 alive" in text and "alive    a:1:x" in text
+    assert "lag: 0.0s" in text
+
+
+def test_health_check_options_fail_with_a_reason():
+    MessageFactory.create(available_at=timezone.now() - dt.timedelta(minutes=10))
+    MessageFactory.create_batch(3, status=Message.Status.DEAD)
+    with pytest.raises(CommandError, match=r"no worker has sent a heartbeat") as failed:
+        status("--fail-if-no-worker")
+    assert failed.value.returncode == 1
+    with pytest.raises(CommandError, match=r"lag \d+\.\ds is over 60s"):
+        status("--fail-if-lag-over", "60")
+    with pytest.raises(CommandError, match="3 dead messages, more than 2"):
+        status("--fail-if-dead-over", "2")
+    beat("a:1:x", seconds_ago=1)
+    assert "workers: 1 alive" in status("--fail-if-no-worker", "--fail-if-lag-over", "3600", "--fail-if-dead-over", "3")
+
+
+@pytest.mark.django_db(transaction=True)
+def test_exit_status_from_the_command_line():
+    """What a container health check sees: JSON on stdout, the reason on stderr, exit status 1."""
+    beat("old:1:x", seconds_ago=3600)
+    command = [sys.executable, str(ROOT / "manage.py"), "outbox_status", "--json", "--fail-if-no-worker"]
+    done = subprocess.run(command, cwd=ROOT, env=worker_env(), capture_output=True, text=True, timeout=60)
+    assert done.returncode == 1, done.stderr
+    assert json.loads(done.stdout)["healthy"] is False
+    assert "no worker has sent a heartbeat" in done.stderr
+    beat("new:2:y", seconds_ago=0)
+    done = subprocess.run(command, cwd=ROOT, env=worker_env(), capture_output=True, text=True, timeout=60)
+    assert done.returncode == 0, done.stderr
+
+
+def test_minutes_cover_the_last_hour_without_gaps():
+    now = timezone.now()
+    figures = overview.collect(now=now)
+    starts = [m.start for m in figures.minutes]
+    assert len(starts) == 60
+    assert all(b - a == dt.timedelta(minutes=1) for a, b in itertools.pairwise(starts))
+    assert starts[-1] <= now < starts[-1] + dt.timedelta(minutes=1)
