@@ -64,6 +64,7 @@ class Request:
     path: str
     headers: dict[str, str]
     body: bytes
+    client_port: int = 0
 
 
 @dataclass
@@ -85,11 +86,12 @@ class HTTPServer:
         outer = self
 
         class Handler(BaseHTTPRequestHandler):
+            protocol_version = "HTTP/1.1"  # keep-alive, so connection reuse is visible
+
             def do_POST(self) -> None:
                 length = int(self.headers.get("Content-Length", 0))
-                request = Request(
-                    "POST", self.path, {k.lower(): v for k, v in self.headers.items()}, self.rfile.read(length)
-                )
+                headers = {k.lower(): v for k, v in self.headers.items()}
+                request = Request("POST", self.path, headers, self.rfile.read(length), self.client_address[1])
                 outer.requests.append(request)
                 reply = outer.replies.pop(0) if outer.replies else outer.default
                 if reply.delay:
@@ -110,7 +112,7 @@ class HTTPServer:
         self.server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
         self.server.daemon_threads = True
         self.port = int(self.server.server_address[1])
-        self.thread = threading.Thread(target=self.server.serve_forever, name="test-http", daemon=True)
+        self.thread = threading.Thread(target=self.server.serve_forever, args=(0.05,), name="test-http", daemon=True)
         self.thread.start()
 
     def url(self, path: str = "/hook") -> str:
