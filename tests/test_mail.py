@@ -12,11 +12,14 @@ from django.core.mail import EmailMessage, EmailMultiAlternatives
 from django.db import transaction
 from django.template import Context, Template
 from django.test import override_settings
+from django.urls import reverse
 
+from django_outbox import outbox
 from django_outbox.checks import check_settings
 from django_outbox.conf import EMAIL_TOPIC
 from django_outbox.mail import ReusedBrowserLinkError, browser_link
 from django_outbox.mail.links import view_url
+from django_outbox.mail.models import OutboxEmail
 from django_outbox.mail.payload import header
 from django_outbox.models import Message
 from django_outbox.relay import Relay, RelayConfig
@@ -326,3 +329,65 @@ def test_checks_catch_a_worker_backend_that_loops_or_is_missing(settings):
     assert ids() == {"django_outbox.E040"}
     settings.OUTBOX = {**settings.OUTBOX, "EMAIL_BACKEND": "django.core.mail.backends.smtp.EmailBackend"}
     assert ids() == set()
+
+
+def test_check_warns_when_links_cannot_be_built(smtp, settings):
+    settings.ROOT_URLCONF = "tests.urls_without_outbox"
+    assert "django_outbox.W040" in {m.id for m in check_settings()}
+    settings.ROOT_URLCONF = "testproject.urls"
+    assert "django_outbox.W040" not in {m.id for m in check_settings()}
+
+
+@pytest.fixture
+def emails(smtp):
+    mail.send_mail("Welcome <b>", "plain body", "shop@example.com", ["ann@example.com"], html_message=SCRIPTED)
+    mail.send_mail("Text only", "just <text>", "shop@example.com", ["bob@example.com"])
+    return {m.subject: m for m in OutboxEmail.objects.all()}
+
+
+SCRIPTED = '<h1>Hi</h1><script>document.title="pwned"</script><img src="https://tracker.example.com/p.gif">'
+
+
+def test_email_log_lists_only_emails(emails, admin_client, handler):
+    handler("probe.other", lambda m: None)
+    outbox.send("probe.other", {"subject": "not an email"})
+    response = admin_client.get(reverse("admin:django_outbox_outboxemail_changelist"))
+    assert response.status_code == 200
+    page = response.content.decode()
+    assert "Welcome &lt;b&gt;" in page and "Text only" in page
+    assert "ann@example.com" in page and "bob@example.com" in page
+    assert "not an email" not in page
+    assert OutboxEmail.objects.count() == 2
+
+
+def test_email_detail_has_a_sandboxed_preview(emails, admin_client):
+    email_row = emails["Welcome <b>"]
+    page = admin_client.get(reverse("admin:django_outbox_outboxemail_change", args=[email_row.pk])).content.decode()
+    (iframe,) = re.findall(r"<iframe[^>]*>", page)
+    assert re.search(r"\ssandbox[\s>]", iframe) and "allow-" not in iframe
+    src = re.search(r'src="([^"]+)"', iframe)
+    assert src is not None
+    preview_url = src.group(1)
+    assert "pending" in page and "ann@example.com" in page
+    assert "/outbox/email/" in page  # the public view-in-browser link
+
+    preview = admin_client.get(preview_url)
+    assert preview.status_code == 200
+    assert preview.content.decode() == SCRIPTED
+    policy = preview["Content-Security-Policy"]
+    assert policy.startswith("sandbox;") and "script-src" not in policy and "img-src data:" in policy
+    assert preview["X-Frame-Options"] == "SAMEORIGIN"
+
+    text = admin_client.get(
+        reverse("admin:django_outbox_outboxemail_preview", args=[emails["Text only"].pk])
+    ).content.decode()
+    assert text == '<pre style="white-space:pre-wrap">just &lt;text&gt;</pre>'
+
+
+def test_email_log_is_read_only_and_staff_only(emails, admin_client, client):
+    url = reverse("admin:django_outbox_outboxemail_preview", args=[emails["Welcome <b>"].pk])
+    response = client.get(url)
+    assert response.status_code == 302 and "/login/" in response["Location"]
+    assert admin_client.get(reverse("admin:django_outbox_outboxemail_add")).status_code == 403
+    change = admin_client.post(reverse("admin:django_outbox_outboxemail_change", args=[emails["Text only"].pk]), {})
+    assert change.status_code == 403

@@ -12,7 +12,7 @@ import smtplib
 from collections.abc import Mapping, Sequence
 from typing import TYPE_CHECKING, Any
 
-from django.core.checks import CheckMessage, Error
+from django.core.checks import CheckMessage, Error, Warning
 from django.core.mail.backends.base import BaseEmailBackend
 from django.utils.module_loading import import_string
 
@@ -126,7 +126,7 @@ class EmailTransport(BaseTransport):
         import django
 
         conf = get_settings()
-        found: list[CheckMessage] = []
+        found: list[CheckMessage] = _link_warnings()
         if conf.EMAIL_MAILER:
             if django.VERSION < (6, 1):
                 found.append(
@@ -165,6 +165,32 @@ class EmailTransport(BaseTransport):
                 )
             )
         return found
+
+
+def _outbox_backend_in_use() -> bool:
+    from django.conf import settings
+
+    default_mailer = getattr(settings, "MAILERS", {}).get("default", {})
+    return settings.EMAIL_BACKEND in _OWN_BACKENDS or default_mailer.get("BACKEND") in _OWN_BACKENDS
+
+
+def _link_warnings() -> list[CheckMessage]:
+    from django.urls import NoReverseMatch, reverse
+
+    if not _outbox_backend_in_use():
+        return []
+    try:
+        reverse("django_outbox:email-view", kwargs={"token": "check"})
+    except NoReverseMatch:
+        return [
+            Warning(
+                "Emails go through the outbox, but django_outbox.urls is not in the URLconf, so HTML emails "
+                "get no view-in-browser link.",
+                hint='Add path("outbox/", include("django_outbox.urls")) to your urlpatterns.',
+                id="django_outbox.W040",
+            )
+        ]
+    return []
 
 
 def _loop_error(where: str) -> Error:
