@@ -168,10 +168,16 @@ class EmailTransport(BaseTransport):
 
 
 def _outbox_backend_in_use() -> bool:
+    import warnings
+
     from django.conf import settings
 
-    default_mailer = getattr(settings, "MAILERS", {}).get("default", {})
-    return settings.EMAIL_BACKEND in _OWN_BACKENDS or default_mailer.get("BACKEND") in _OWN_BACKENDS
+    if hasattr(settings, "MAILERS"):  # Django 6.1+, where EMAIL_BACKEND must not be read any more
+        return settings.MAILERS.get("default", {}).get("BACKEND") in _OWN_BACKENDS
+    with warnings.catch_warnings():  # Django 6.1 deprecates the setting; reading it is still right there
+        warnings.simplefilter("ignore", DeprecationWarning)
+        warnings.simplefilter("ignore", PendingDeprecationWarning)
+        return settings.EMAIL_BACKEND in _OWN_BACKENDS
 
 
 def _link_warnings() -> list[CheckMessage]:
