@@ -21,7 +21,7 @@ from .servers import HTTPServer, Reply, free_port
 
 pytestmark = pytest.mark.django_db(transaction=True)
 
-SECRET = "whsec_MfKQ9r8GKYqrTwjUPD8ILPZIo2LaLaSw"
+SECRET = "whsec_8X64pTf2VJY6eApZYqEgNu+kEOBTpP9F"
 OTHER_SECRET = "whsec_" + "QUJDREVGR0hJSktMTU5PUFFSU1RVVldY"
 BACKEND = "django_outbox.transports.webhook.WebhookTransport"
 

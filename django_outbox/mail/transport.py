@@ -173,7 +173,7 @@ def _outbox_backend_in_use() -> bool:
     from django.conf import settings
 
     if hasattr(settings, "MAILERS"):  # Django 6.1+, where EMAIL_BACKEND must not be read any more
-        return settings.MAILERS.get("default", {}).get("BACKEND") in _OWN_BACKENDS
+        return getattr(settings, "MAILERS", {}).get("default", {}).get("BACKEND") in _OWN_BACKENDS
     with warnings.catch_warnings():  # Django 6.1 deprecates the setting; reading it is still right there
         warnings.simplefilter("ignore", DeprecationWarning)
         warnings.simplefilter("ignore", PendingDeprecationWarning)
