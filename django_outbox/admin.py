@@ -423,3 +423,7 @@ class MessageAdmin(admin.ModelAdmin):  # type: ignore[type-arg]  # generic only 
 def _chunks(ids: Sequence[int]) -> Iterable[list[int]]:
     for start in range(0, len(ids), ACTION_CHUNK):
         yield list(ids[start : start + ACTION_CHUNK])
+
+
+# The email log registers itself on import.
+from .mail import admin as _mail_admin  # noqa: E402, F401

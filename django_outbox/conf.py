@@ -21,6 +21,11 @@ from .exceptions import OutboxImproperlyConfigured
 #: The implicit transport that calls ``@outbox.handler`` functions in the worker process.
 HANDLER_TRANSPORT = "handler"
 HANDLER_BACKEND = "django_outbox.transports.handler.HandlerTransport"
+#: Emails written by ``django_outbox.mail.EmailBackend`` use this topic, always served by the built-in
+#: email transport (see routing.resolve_transport), so no ROUTES entry is needed for them.
+EMAIL_TOPIC = "django_outbox.email"
+EMAIL_TRANSPORT = "django_outbox.email"
+EMAIL_TRANSPORT_BACKEND = "django_outbox.mail.transport.EmailTransport"
 
 
 @dataclass(frozen=True, kw_only=True, slots=True)
@@ -46,6 +51,10 @@ class OutboxSettings:
     NOTIFY_CHANNEL: str = "django_outbox"
     ROUTES: Mapping[str, str] = field(default_factory=dict)
     TRANSPORTS: Mapping[str, TransportConfig] = field(default_factory=dict)
+    EMAIL_BACKEND: str = "django.core.mail.backends.smtp.EmailBackend"
+    EMAIL_MAILER: str = ""
+    EMAIL_VIEW_BASE_URL: str = ""
+    EMAIL_VIEW_MAX_AGE_SECONDS: float = 30 * 24 * 3600.0
 
 
 @dataclass(frozen=True, slots=True)
@@ -68,6 +77,7 @@ _NUMBERS: dict[str, tuple[type, float]] = {
     "CONCURRENCY": (int, 1),
     "GRACE_PERIOD_SECONDS": (float, 0),
     "MAX_PAYLOAD_BYTES": (int, 1),
+    "EMAIL_VIEW_MAX_AGE_SECONDS": (float, 1),
 }
 _KNOWN = set(OutboxSettings.__dataclass_fields__)
 
@@ -121,7 +131,7 @@ def _parse(raw: object) -> tuple[OutboxSettings, list[Problem]]:
                         "Fix the value or remove the key to use the default.",
                     )
                 )
-    for name in ("DATABASE", "NOTIFY_CHANNEL"):
+    for name in ("DATABASE", "NOTIFY_CHANNEL", "EMAIL_BACKEND"):
         if name in raw:
             if isinstance(raw[name], str) and raw[name]:
                 values[name] = raw[name]
@@ -130,6 +140,18 @@ def _parse(raw: object) -> tuple[OutboxSettings, list[Problem]]:
                     Problem(
                         "django_outbox.E003",
                         f"OUTBOX[{name!r}] must be a non-empty string.",
+                        "Fix the value or remove the key to use the default.",
+                    )
+                )
+    for name in ("EMAIL_MAILER", "EMAIL_VIEW_BASE_URL"):  # optional strings: empty means unset
+        if name in raw:
+            if isinstance(raw[name], str):
+                values[name] = raw[name]
+            else:
+                problems.append(
+                    Problem(
+                        "django_outbox.E003",
+                        f"OUTBOX[{name!r}] must be a string.",
                         "Fix the value or remove the key to use the default.",
                     )
                 )
@@ -161,7 +183,10 @@ def _parse(raw: object) -> tuple[OutboxSettings, list[Problem]]:
 
 
 def _parse_transports(raw: object) -> tuple[dict[str, TransportConfig], list[Problem]]:
-    transports = {HANDLER_TRANSPORT: TransportConfig(name=HANDLER_TRANSPORT, backend=HANDLER_BACKEND, options={})}
+    transports = {
+        HANDLER_TRANSPORT: TransportConfig(name=HANDLER_TRANSPORT, backend=HANDLER_BACKEND, options={}),
+        EMAIL_TRANSPORT: TransportConfig(name=EMAIL_TRANSPORT, backend=EMAIL_TRANSPORT_BACKEND, options={}),
+    }
     if not isinstance(raw, Mapping):
         return transports, [
             Problem(

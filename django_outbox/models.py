@@ -128,3 +128,6 @@ class Worker(models.Model):
 
     def __str__(self) -> str:
         return self.worker_id
+
+
+from .mail.models import OutboxEmail  # noqa: E402, F401  (the email log proxy; defined there, registered here)

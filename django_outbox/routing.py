@@ -1,6 +1,7 @@
 """Which transport serves a topic.
 
-Explicit ``OUTBOX["ROUTES"]`` win (first matching pattern, in the order written); a topic no route
+The reserved email topic always goes to the built-in email transport. Otherwise explicit
+``OUTBOX["ROUTES"]`` win (first matching pattern, in the order written); a topic no route
 names falls back to the local ``@outbox.handler`` functions. Patterns use shell wildcards
 (``orders.*``, ``*.created``), matched case-sensitively.
 """
@@ -15,7 +16,7 @@ from typing import TYPE_CHECKING
 
 from django.core.signals import setting_changed
 
-from .conf import HANDLER_TRANSPORT, get_settings
+from .conf import EMAIL_TOPIC, EMAIL_TRANSPORT, HANDLER_TRANSPORT, get_settings
 from .exceptions import UnknownTopicError
 
 if TYPE_CHECKING:
@@ -78,6 +79,8 @@ registry = HandlerRegistry()
 @functools.lru_cache(maxsize=4096)
 def resolve_transport(topic: str) -> str:
     """Name of the transport that delivers ``topic``; raises ``UnknownTopicError`` if none does."""
+    if topic == EMAIL_TOPIC:  # reserved: a catch-all route must not send emails elsewhere
+        return EMAIL_TRANSPORT
     routes = get_settings().ROUTES
     for pattern, name in routes.items():
         if matches(pattern, topic):

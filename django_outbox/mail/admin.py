@@ -1,0 +1,117 @@
+"""The email log in the admin: read-only, with a preview that cannot run the email's scripts.
+
+The preview is a staff-only page shown in an ``<iframe sandbox>`` (no ``allow-scripts``, no
+``allow-same-origin``) and served with a CSP ``sandbox`` that also blocks remote images, so looking at
+an email neither runs its code nor fires its tracking pixels.
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING
+
+from django.contrib import admin
+from django.core.exceptions import PermissionDenied
+from django.http import HttpRequest, HttpResponse
+from django.shortcuts import get_object_or_404
+from django.urls import NoReverseMatch, URLPattern, path, reverse
+from django.utils.html import format_html, format_html_join
+from django.utils.safestring import SafeString
+
+from .links import view_url
+from .models import OutboxEmail
+from .views import PREVIEW_POLICY, html_response
+
+if TYPE_CHECKING:
+    _ModelAdmin = admin.ModelAdmin[OutboxEmail]
+else:  # ModelAdmin is generic only in the type stubs
+    _ModelAdmin = admin.ModelAdmin
+
+
+@admin.register(OutboxEmail)
+class EmailLogAdmin(_ModelAdmin):
+    list_display = ("created_at", "subject", "recipient_list", "status", "attempts")
+    list_filter = ("status",)
+    date_hierarchy = "created_at"
+    fields = (
+        "subject",
+        "sender",
+        "recipient_list",
+        "status",
+        "attempts",
+        "max_attempts",
+        "created_at",
+        "delivered_at",
+        "available_at",
+        "last_error",
+        "uuid",
+        "browser_link",
+        "preview",
+    )
+    readonly_fields = fields
+
+    def has_add_permission(self, request: HttpRequest) -> bool:
+        return False
+
+    def has_change_permission(self, request: HttpRequest, obj: OutboxEmail | None = None) -> bool:
+        return False
+
+    def has_delete_permission(self, request: HttpRequest, obj: OutboxEmail | None = None) -> bool:
+        return False
+
+    @admin.display(description="subject")
+    def subject(self, obj: OutboxEmail) -> str:
+        return obj.subject
+
+    @admin.display(description="from")
+    def sender(self, obj: OutboxEmail) -> str:
+        return str(obj.email.get("from_email", ""))
+
+    @admin.display(description="recipients")
+    def recipient_list(self, obj: OutboxEmail) -> str:
+        return ", ".join(obj.recipients)
+
+    @admin.display(description="view in browser")
+    def browser_link(self, obj: OutboxEmail) -> SafeString | str:
+        view_id = obj.email.get("view_id")
+        if not view_id:
+            return "-"
+        try:
+            url = view_url(str(view_id))
+        except NoReverseMatch:
+            return "include django_outbox.urls in your URLconf to get links"
+        return format_html('<a href="{}" rel="noreferrer" target="_blank">{}</a>', url, url)
+
+    @admin.display(description="preview")
+    def preview(self, obj: OutboxEmail) -> SafeString:
+        url = reverse(f"{self.admin_site.name}:django_outbox_outboxemail_preview", args=[obj.pk])
+        attachments = format_html_join(
+            ", ",
+            "{} ({})",
+            ((a.get("filename") or "-", a.get("mimetype", "MIME part")) for a in obj.email.get("attachments", [])),
+        )
+        return format_html(
+            '<iframe sandbox src="{}" title="email preview" referrerpolicy="no-referrer" '
+            'style="width:100%;min-width:40em;height:32em;border:1px solid #ccc;background:#fff"></iframe>'
+            "<p>attachments: {}</p>",
+            url,
+            attachments or "none",
+        )
+
+    def get_urls(self) -> list[URLPattern]:
+        preview = path(
+            "<path:object_id>/preview/",
+            self.admin_site.admin_view(self.preview_view),
+            name="django_outbox_outboxemail_preview",
+        )
+        return [preview, *super().get_urls()]
+
+    def preview_view(self, request: HttpRequest, object_id: str) -> HttpResponse:
+        if not self.has_view_permission(request):
+            raise PermissionDenied
+        obj = get_object_or_404(self.get_queryset(request), pk=object_id)
+        html = obj.html
+        if html is None:
+            html = format_html('<pre style="white-space:pre-wrap">{}</pre>', obj.email.get("body", ""))
+        response = html_response(html, policy=PREVIEW_POLICY + "; frame-ancestors 'self'")
+        response["X-Frame-Options"] = "SAMEORIGIN"  # the admin frames it; the middleware keeps a set value
+        return response

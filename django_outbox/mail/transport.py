@@ -1,0 +1,208 @@
+"""The worker side of email: rebuild each stored email and hand it to the real backend.
+
+One connection per batch: opened for the first email, reused for the rest, closed at the end, so an
+idle worker holds no SMTP connection that the server may have dropped meanwhile. SMTP replies decide
+the outcome: a 5xx refusal of every recipient, of the sender or of the data is permanent; everything
+else (4xx, a server that is down, a dropped connection) is tried again later.
+"""
+
+from __future__ import annotations
+
+import smtplib
+from collections.abc import Mapping, Sequence
+from typing import TYPE_CHECKING, Any
+
+from django.core.checks import CheckMessage, Error, Warning
+from django.core.mail.backends.base import BaseEmailBackend
+from django.utils.module_loading import import_string
+
+from ..conf import get_settings
+from ..exceptions import DeliveryError, PermanentDeliveryError, TransientDeliveryError
+from ..transports.base import BaseTransport
+from .payload import from_payload
+
+if TYPE_CHECKING:
+    from ..models import Message
+
+OWN_BACKEND = "django_outbox.mail.EmailBackend"
+_OWN_BACKENDS = {OWN_BACKEND, "django_outbox.mail.backend.EmailBackend"}
+
+
+def _reply(code: int, text: bytes | str) -> str:
+    return f"{code} {text.decode(errors='replace') if isinstance(text, bytes) else text}"
+
+
+def classify(exc: BaseException) -> BaseException:
+    """The delivery error the relay should see for what the backend raised (the cause is kept)."""
+    if isinstance(exc, DeliveryError):
+        return exc
+    result: DeliveryError
+    if isinstance(exc, smtplib.SMTPRecipientsRefused):
+        replies = {addr: reply for addr, reply in exc.recipients.items()}
+        summary = "; ".join(f"{addr}: {_reply(*reply)}" for addr, reply in replies.items())
+        if replies and all(code >= 500 for code, _ in replies.values()):
+            result = PermanentDeliveryError(f"the SMTP server refused every recipient: {summary}")
+        else:
+            result = TransientDeliveryError(f"the SMTP server refused the recipients for now: {summary}")
+    elif isinstance(exc, smtplib.SMTPSenderRefused | smtplib.SMTPDataError) and exc.smtp_code >= 500:
+        result = PermanentDeliveryError(f"the SMTP server rejected the email: {_reply(exc.smtp_code, exc.smtp_error)}")
+    elif isinstance(exc, smtplib.SMTPResponseException):
+        result = TransientDeliveryError(f"the SMTP server answered {_reply(exc.smtp_code, exc.smtp_error)}")
+    elif isinstance(exc, smtplib.SMTPException | OSError):
+        result = TransientDeliveryError(f"could not talk to the mail server: {type(exc).__name__}: {exc}")
+    else:
+        return exc
+    result.__cause__ = exc
+    return result
+
+
+def real_backend() -> BaseEmailBackend:
+    """The backend that really sends, built as Django builds it for the version in use."""
+    conf = get_settings()
+    if conf.EMAIL_MAILER:
+        from django.core.mail import mailers  # type: ignore[attr-defined,unused-ignore]  # Django 6.1+
+
+        backend: BaseEmailBackend = mailers[conf.EMAIL_MAILER]
+        return backend
+    cls = import_string(conf.EMAIL_BACKEND)
+    built: BaseEmailBackend = cls()
+    return built
+
+
+class EmailTransport(BaseTransport):
+    def __init__(self, *, name: str, options: Mapping[str, Any]) -> None:
+        super().__init__(name=name, options=options)
+        self._backend: BaseEmailBackend | None = None
+
+    def deliver(self, message: Message) -> None:
+        (result,) = self.deliver_batch([message])
+        if result is not None:
+            raise result
+
+    def deliver_batch(self, messages: Sequence[Message]) -> list[BaseException | None]:
+        results: list[BaseException | None] = []
+        try:
+            for message in messages:
+                results.append(self._send(message))
+        finally:
+            self._disconnect()
+        return results
+
+    def _send(self, message: Message) -> BaseException | None:
+        try:
+            email = from_payload(message.payload)
+        except (ValueError, KeyError, TypeError) as exc:
+            error = PermanentDeliveryError(f"the stored email cannot be rebuilt: {type(exc).__name__}: {exc}")
+            error.__cause__ = exc
+            return error
+        try:
+            if self._backend is None:
+                self._backend = real_backend()
+                self._backend.open()
+            sent = self._backend.send_messages([email])
+        except Exception as exc:
+            self._disconnect()  # the next email starts on a fresh connection
+            return classify(exc)
+        if not sent:
+            return TransientDeliveryError(
+                f"the email backend {type(self._backend).__name__} reported that it sent nothing; is it set to "
+                "fail silently?"
+            )
+        return None
+
+    def _disconnect(self) -> None:
+        backend, self._backend = self._backend, None
+        if backend is not None:
+            try:
+                backend.close()
+            except Exception:  # closing a broken connection may fail too; it is gone either way
+                pass
+
+    def close(self) -> None:
+        self._disconnect()
+
+    @classmethod
+    def check(cls, name: str, options: Mapping[str, Any]) -> list[CheckMessage]:
+        import django
+
+        conf = get_settings()
+        found: list[CheckMessage] = _link_warnings()
+        if conf.EMAIL_MAILER:
+            if django.VERSION < (6, 1):
+                found.append(
+                    Error(
+                        "OUTBOX['EMAIL_MAILER'] needs Django 6.1 or later (settings.MAILERS).",
+                        hint="Name the real backend with OUTBOX['EMAIL_BACKEND'] instead.",
+                        id="django_outbox.E041",
+                    )
+                )
+            else:
+                from django.conf import settings
+
+                config = getattr(settings, "MAILERS", {}).get(conf.EMAIL_MAILER)
+                if config is None:
+                    found.append(
+                        Error(
+                            f"OUTBOX['EMAIL_MAILER'] names {conf.EMAIL_MAILER!r}, which is not in settings.MAILERS.",
+                            hint="Add that mailer, pointing at the backend that really sends (e.g. SMTP).",
+                            id="django_outbox.E041",
+                        )
+                    )
+                elif config.get("BACKEND") in _OWN_BACKENDS:
+                    found.append(_loop_error("OUTBOX['EMAIL_MAILER']"))
+            return found
+        if conf.EMAIL_BACKEND in _OWN_BACKENDS:
+            return [_loop_error("OUTBOX['EMAIL_BACKEND']")]
+        try:
+            import_string(conf.EMAIL_BACKEND)
+        except ImportError as exc:
+            found.append(
+                Error(
+                    f"OUTBOX['EMAIL_BACKEND'] {conf.EMAIL_BACKEND!r} cannot be imported: {exc}",
+                    hint="Name the email backend the worker should send with, e.g. "
+                    "'django.core.mail.backends.smtp.EmailBackend'.",
+                    id="django_outbox.E040",
+                )
+            )
+        return found
+
+
+def _outbox_backend_in_use() -> bool:
+    import warnings
+
+    from django.conf import settings
+
+    if hasattr(settings, "MAILERS"):  # Django 6.1+, where EMAIL_BACKEND must not be read any more
+        return getattr(settings, "MAILERS", {}).get("default", {}).get("BACKEND") in _OWN_BACKENDS
+    with warnings.catch_warnings():  # Django 6.1 deprecates the setting; reading it is still right there
+        warnings.simplefilter("ignore", DeprecationWarning)
+        warnings.simplefilter("ignore", PendingDeprecationWarning)
+        return settings.EMAIL_BACKEND in _OWN_BACKENDS
+
+
+def _link_warnings() -> list[CheckMessage]:
+    from django.urls import NoReverseMatch, reverse
+
+    if not _outbox_backend_in_use():
+        return []
+    try:
+        reverse("django_outbox:email-view", kwargs={"token": "check"})
+    except NoReverseMatch:
+        return [
+            Warning(
+                "Emails go through the outbox, but django_outbox.urls is not in the URLconf, so HTML emails "
+                "get no view-in-browser link.",
+                hint='Add path("outbox/", include("django_outbox.urls")) to your urlpatterns.',
+                id="django_outbox.W040",
+            )
+        ]
+    return []
+
+
+def _loop_error(where: str) -> Error:
+    return Error(
+        f"{where} is the outbox's own email backend: the worker would write every email back to the outbox.",
+        hint="Point it at the backend that really sends (e.g. django.core.mail.backends.smtp.EmailBackend); "
+        "settings.EMAIL_BACKEND is the one that should be django_outbox.mail.EmailBackend.",
+        id="django_outbox.E040",
+    )

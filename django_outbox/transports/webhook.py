@@ -1,0 +1,279 @@
+"""POST each message's JSON payload to an HTTP endpoint, signed per Standard Webhooks.
+
+One pooled ``httpx.Client`` per transport instance, and the relay builds one instance per worker
+thread, so connections are reused without locking. Redirects are never followed and the address a
+host name resolves to is checked at connect time, inside the connection pool (so a DNS answer that
+changes between a check and the connect cannot slip through): private, loopback, link-local and other
+non-global addresses are refused unless the host is in ``ALLOWED_HOSTS``.
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+import email.utils
+import ipaddress
+import json
+import socket
+import time
+from collections.abc import Callable, Iterable, Mapping
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any
+from urllib.parse import urlsplit
+
+from django.core.checks import CheckMessage, Error
+from django.core.serializers.json import DjangoJSONEncoder
+from django.utils.module_loading import import_string
+
+from ..exceptions import MissingExtraError, PermanentDeliveryError, TransientDeliveryError
+from ..webhooks import secret_key, sign
+from .base import BaseTransport
+
+try:
+    import httpcore
+    import httpx
+except ImportError as exc:  # pragma: no cover - exercised only without the extra
+    raise MissingExtraError(package="httpx", extra="webhooks", feature="WebhookTransport") from exc
+
+if TYPE_CHECKING:
+    from ..models import Message
+
+DEFAULT_TIMEOUT = 10.0
+BODY_EXCERPT_BYTES = 1000
+DRAIN_MAX_BYTES = 64 * 1024
+RETRYABLE_STATUSES = frozenset({408, 429})
+USER_AGENT = "django-transactional-outbox webhook"
+_OPTIONS = frozenset({"URL", "SECRET", "TIMEOUT", "ALLOWED_HOSTS", "RESOLVER"})
+
+
+@dataclass(frozen=True, kw_only=True, slots=True)
+class WebhookTarget:
+    """Where one message goes; what an ``OPTIONS["RESOLVER"]`` function returns."""
+
+    url: str
+    secret: str
+
+
+class BlockedAddressError(PermanentDeliveryError):
+    """The target resolves to an address that webhooks may not reach (server-side request forgery guard)."""
+
+
+def _is_public(address: str) -> bool:
+    ip = ipaddress.ip_address(address.split("%", 1)[0])
+    if isinstance(ip, ipaddress.IPv6Address) and ip.ipv4_mapped is not None:
+        ip = ip.ipv4_mapped
+    return ip.is_global and not ip.is_multicast
+
+
+class _GuardedBackend(httpcore.SyncBackend):
+    """Resolves the host itself, refuses non-public addresses, then connects to the checked address."""
+
+    def __init__(self, allowed_hosts: Iterable[str]) -> None:
+        self.allowed = {h.lower().strip("[]") for h in allowed_hosts}
+
+    def connect_tcp(
+        self,
+        host: str,
+        port: int,
+        timeout: float | None = None,
+        local_address: str | None = None,
+        socket_options: Iterable[Any] | None = None,
+    ) -> httpcore.NetworkStream:
+        try:
+            infos = socket.getaddrinfo(host, port, type=socket.SOCK_STREAM)
+        except OSError as exc:
+            raise httpcore.ConnectError(f"cannot resolve {host!r}: {exc}") from exc
+        addresses = list(dict.fromkeys(str(info[4][0]) for info in infos))
+        if host.lower() not in self.allowed:
+            blocked = [a for a in addresses if not _is_public(a)]
+            if blocked:
+                raise BlockedAddressError(
+                    f"refused to send a webhook to {host!r}: it resolves to {', '.join(blocked)}, which is not a "
+                    "public address. If this target is intended, add it to OPTIONS['ALLOWED_HOSTS']."
+                )
+        last: Exception | None = None
+        for address in addresses:
+            try:
+                return super().connect_tcp(address, port, timeout, local_address, socket_options)
+            except (httpcore.ConnectError, httpcore.ConnectTimeout) as exc:
+                last = exc
+        raise last or httpcore.ConnectError(f"no address for {host!r}")
+
+
+class _GuardedTransport(httpx.HTTPTransport):
+    def __init__(self, allowed_hosts: Iterable[str]) -> None:
+        super().__init__(trust_env=False)
+        # httpx has no public way to give its pool a network backend; replace the pool it built.
+        self._pool = httpcore.ConnectionPool(
+            ssl_context=httpx.create_ssl_context(trust_env=False),
+            max_connections=100,
+            max_keepalive_connections=20,
+            keepalive_expiry=5.0,
+            network_backend=_GuardedBackend(allowed_hosts),
+        )
+
+
+def retry_after_seconds(value: str | None) -> float | None:
+    """``Retry-After`` as seconds from now: delta-seconds or an HTTP date; None when absent or unreadable."""
+    if not value:
+        return None
+    value = value.strip()
+    if value.isdigit():
+        return float(value)
+    try:
+        when = email.utils.parsedate_to_datetime(value)
+    except (TypeError, ValueError):
+        return None
+    if when.tzinfo is None:
+        when = when.replace(tzinfo=dt.UTC)
+    return max(0.0, (when - dt.datetime.now(dt.UTC)).total_seconds())
+
+
+class WebhookTransport(BaseTransport):
+    def __init__(self, *, name: str, options: Mapping[str, Any]) -> None:
+        super().__init__(name=name, options=options)
+        self.timeout = float(options.get("TIMEOUT", DEFAULT_TIMEOUT))
+        self.allowed_hosts = tuple(options.get("ALLOWED_HOSTS", ()))
+        resolver = options.get("RESOLVER")
+        self.resolver: Callable[[Message], WebhookTarget | tuple[str, str]] | None = (
+            import_string(resolver) if isinstance(resolver, str) else resolver
+        )
+        self._client: httpx.Client | None = None
+
+    @property
+    def client(self) -> httpx.Client:
+        if self._client is None:
+            self._client = httpx.Client(
+                transport=_GuardedTransport(self.allowed_hosts),
+                timeout=self.timeout,
+                follow_redirects=False,
+                trust_env=False,
+                headers={"User-Agent": USER_AGENT},
+            )
+        return self._client
+
+    def target(self, message: Message) -> WebhookTarget:
+        if self.resolver is None:
+            return WebhookTarget(url=self.options["URL"], secret=self.options["SECRET"])
+        found = self.resolver(message)
+        if isinstance(found, tuple) and len(found) == 2:
+            found = WebhookTarget(url=found[0], secret=found[1])
+        if not isinstance(found, WebhookTarget):
+            raise PermanentDeliveryError(
+                f"the webhook resolver returned {found!r} for message {message.uuid}; it must return a "
+                "WebhookTarget(url=..., secret=...) or a (url, secret) tuple"
+            )
+        return found
+
+    def deliver(self, message: Message) -> None:
+        target = self.target(message)
+        try:
+            secret_key(target.secret)
+        except ValueError as exc:
+            raise PermanentDeliveryError(f"unusable webhook secret for {target.url}: {exc}") from exc
+        body = json.dumps(message.payload, cls=DjangoJSONEncoder, separators=(",", ":")).encode()
+        msg_id = str(message.uuid)
+        timestamp = int(time.time())
+        headers = {
+            "Content-Type": "application/json",
+            "webhook-id": msg_id,
+            "webhook-timestamp": str(timestamp),
+            "webhook-signature": sign(target.secret, msg_id, timestamp, body),
+            "Idempotency-Key": message.idempotency_key or msg_id,
+        }
+        try:
+            with self.client.stream("POST", target.url, content=body, headers=headers) as response:
+                if response.is_success:
+                    self._drain(response)
+                    return
+                excerpt = self._excerpt(response)
+        except httpx.TimeoutException as exc:
+            raise TransientDeliveryError(f"webhook to {target.url} timed out after {self.timeout:g}s: {exc}") from exc
+        except httpx.TransportError as exc:
+            raise TransientDeliveryError(f"webhook to {target.url} failed: {type(exc).__name__}: {exc}") from exc
+        status = response.status_code
+        detail = f"webhook to {target.url} answered HTTP {status}"
+        if 300 <= status < 400:
+            detail += f" (redirect to {response.headers.get('Location', '?')}, not followed)"
+        detail += f": {excerpt}" if excerpt else ""
+        if status in RETRYABLE_STATUSES or status >= 500:
+            raise TransientDeliveryError(detail, retry_after=retry_after_seconds(response.headers.get("Retry-After")))
+        raise PermanentDeliveryError(detail)
+
+    @staticmethod
+    def _drain(response: httpx.Response) -> None:
+        """Read a small body to the end, so the connection goes back to the pool instead of being closed."""
+        seen = 0
+        try:
+            for chunk in response.iter_raw():
+                seen += len(chunk)
+                if seen > DRAIN_MAX_BYTES:
+                    break
+        except httpx.HTTPError:
+            pass  # delivered all the same: the status line said so
+
+    @staticmethod
+    def _excerpt(response: httpx.Response) -> str:
+        data = b""
+        try:
+            for chunk in response.iter_bytes():
+                data += chunk
+                if len(data) >= BODY_EXCERPT_BYTES:
+                    break
+        except httpx.HTTPError:
+            pass  # an excerpt is best effort
+        text = data[:BODY_EXCERPT_BYTES].decode(response.encoding or "utf-8", errors="replace").strip()
+        return text + ("..." if len(data) >= BODY_EXCERPT_BYTES else "")
+
+    def close(self) -> None:
+        if self._client is not None:
+            self._client.close()
+            self._client = None
+
+    @classmethod
+    def check(cls, name: str, options: Mapping[str, Any]) -> list[CheckMessage]:
+        where = f"OUTBOX['TRANSPORTS'][{name!r}]['OPTIONS']"
+        found: list[CheckMessage] = []
+
+        def error(id_: str, msg: str, hint: str) -> None:
+            found.append(Error(f"{where}: {msg}", hint=hint, id=f"django_outbox.{id_}", obj=where))
+
+        unknown = set(options) - _OPTIONS
+        if unknown:
+            error("E047", f"unknown option(s) {', '.join(sorted(unknown))}.", f"Known: {', '.join(sorted(_OPTIONS))}.")
+        if "RESOLVER" in options:
+            if "URL" in options or "SECRET" in options:
+                error("E041", "RESOLVER replaces URL and SECRET; give one or the other.", "Remove URL and SECRET.")
+            try:
+                resolver = import_string(options["RESOLVER"])
+            except (ImportError, TypeError) as exc:
+                error("E044", f"RESOLVER {options['RESOLVER']!r} cannot be imported: {exc}", "Give a dotted path.")
+            else:
+                if not callable(resolver):
+                    error("E044", f"RESOLVER {options['RESOLVER']!r} is not callable.", "Point it at a function.")
+        else:
+            if "URL" not in options or "SECRET" not in options:
+                error(
+                    "E041",
+                    "a webhook transport needs URL and SECRET, or a RESOLVER.",
+                    "Add 'URL' and 'SECRET' (whsec_...), or 'RESOLVER': 'myapp.hooks.target_for'.",
+                )
+            if "URL" in options:
+                url = options["URL"]
+                parts = urlsplit(url) if isinstance(url, str) else None
+                if parts is None or parts.scheme not in ("http", "https") or not parts.hostname:
+                    error("E042", f"URL {url!r} is not an http(s) URL.", "Example: 'https://hooks.example.com/in'.")
+            if "SECRET" in options:
+                try:
+                    secret_key(options["SECRET"])
+                except ValueError as exc:
+                    error("E043", f"SECRET is not usable: {exc}.", "Make one with django_outbox.webhooks.new_secret().")
+        timeout = options.get("TIMEOUT", DEFAULT_TIMEOUT)
+        if isinstance(timeout, bool) or not isinstance(timeout, int | float) or timeout <= 0:
+            error("E045", f"TIMEOUT must be a positive number of seconds, not {timeout!r}.", "Example: 'TIMEOUT': 10.")
+        hosts = options.get("ALLOWED_HOSTS", ())
+        if isinstance(hosts, str) or not isinstance(hosts, list | tuple) or not all(isinstance(h, str) for h in hosts):
+            error("E046", "ALLOWED_HOSTS must be a list of host names.", "Example: 'ALLOWED_HOSTS': ['127.0.0.1'].")
+        return found
+
+
+__all__ = ["BlockedAddressError", "WebhookTarget", "WebhookTransport"]
