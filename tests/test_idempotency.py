@@ -211,8 +211,10 @@ def test_lapsed_claim_of_a_dead_request_is_taken_over(client):
     assert IdempotencyRecord.objects.get().state == IdempotencyRecord.State.COMPLETED
 
 
-def test_class_based_view_mixin(client):
-    url = "/probe/orders-cbv/"
+@pytest.mark.parametrize(
+    "url", ["/probe/orders-cbv/", "/probe/orders-cbv-decorated/"], ids=["mixin", "method_decorator"]
+)
+def test_class_based_views(client, url):
     assert post(client, url, key=None).status_code == 400
     first = post(client, url)
     assert first.status_code == 201

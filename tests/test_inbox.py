@@ -259,3 +259,31 @@ def test_invalid_retention_is_reported_by_manage_py_check(value):
         errors = [e for e in run_checks() if e.id == "django_outbox.E060"]
         assert len(errors) == 1
         assert "INBOX_RETENTION" in errors[0].msg
+
+
+def test_retention_shorter_than_the_retry_span_is_a_warning():
+    with override_settings(OUTBOX={"INBOX_RETENTION": 60, "MAX_ATTEMPTS": 5, "LEASE_SECONDS": 30}):
+        (warning,) = [w for w in run_checks() if w.id == "django_outbox.W060"]
+        assert "INBOX_RETENTION" in warning.msg
+    with override_settings(OUTBOX={"INBOX_RETENTION": 3600, "MAX_ATTEMPTS": 5, "LEASE_SECONDS": 30}):
+        assert not [w for w in run_checks() if w.id == "django_outbox.W060"]
+
+
+def test_outbox_handler_deduped_on_the_message_uuid_applies_a_redelivery_once(handler):
+    from django_outbox import outbox
+    from django_outbox.models import Message
+    from django_outbox.testing import relay_all
+
+    @inbox.consumer("outbox", message_id=lambda message: message.uuid)
+    def ship(message: Message) -> None:
+        place(message.payload["email"])
+
+    handler("t.inbox", ship)
+    message = outbox.send("t.inbox", {"email": "once@example.com"})
+    relay_all()
+    # A redelivery, as after a worker crash between delivering and recording:
+    Message.objects.filter(pk=message.pk).update(status=Message.Status.PENDING, delivered_at=None)
+    relay_all()
+    assert Message.objects.get(pk=message.pk).attempts == 2
+    assert Order.objects.count() == 1
+    assert InboxMessage.objects.get().message_id == str(message.uuid)

@@ -12,6 +12,7 @@ urlpatterns = [
     path("probe/orders/", views.create_order),
     path("probe/orders-optional/", views.create_order_optional),
     path("probe/orders-cbv/", csrf_exempt(views.OrderCreateView.as_view())),
+    path("probe/orders-cbv-decorated/", csrf_exempt(views.DecoratedOrderCreateView.as_view())),
     path("probe/stream/", views.stream),
     path("probe/claim-visible/", views.claim_visible),
 ]

@@ -13,6 +13,7 @@ from pathlib import Path
 
 from django.db import connections
 from django.http import HttpRequest, HttpResponse, JsonResponse, StreamingHttpResponse
+from django.utils.decorators import method_decorator
 from django.views import View
 from django.views.decorators.csrf import csrf_exempt
 
@@ -98,5 +99,11 @@ def claim_visible(request: HttpRequest) -> HttpResponse:
 class OrderCreateView(IdempotentMixin, View):
     idempotency = IdempotencyOptions(required=True)
 
+    def post(self, request: HttpRequest) -> HttpResponse:
+        return _create(request)
+
+
+@method_decorator(idempotent(required=True), name="dispatch")
+class DecoratedOrderCreateView(View):
     def post(self, request: HttpRequest) -> HttpResponse:
         return _create(request)
