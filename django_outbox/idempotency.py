@@ -19,6 +19,7 @@ import datetime as dt
 import functools
 import hashlib
 import json
+import logging
 import math
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
@@ -48,6 +49,8 @@ REPLAYED_HEADER = "Idempotent-Replayed"
 DEFAULT_REPLAY_HEADERS = ("Content-Type", "Content-Language", "Location", "ETag", "Last-Modified")
 
 V = TypeVar("V", bound=Callable[..., HttpResponseBase])
+
+logger = logging.getLogger("django_outbox.idempotency")
 
 
 def client_scope(request: HttpRequest) -> str:
@@ -272,12 +275,20 @@ def _run(
     except _ClaimLost:
         return _conflict(1.0)
     except _NotStored as exc:
-        records.release(alias, scope=scope, key=key, token=token)
+        _release(alias, scope=scope, key=key, token=token)
         return exc.response
     except BaseException:
-        records.release(alias, scope=scope, key=key, token=token)
+        _release(alias, scope=scope, key=key, token=token)
         raise
     return response
+
+
+def _release(alias: str, *, scope: str, key: str, token: str) -> None:
+    """Release the claim; if even that fails (database gone), it lapses after ``lock_timeout`` anyway."""
+    try:
+        records.release(alias, scope=scope, key=key, token=token)
+    except Exception:
+        logger.exception("could not release the claim on Idempotency-Key %r (%s); it lapses on its own", key, scope)
 
 
 @overload
