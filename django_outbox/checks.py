@@ -12,7 +12,10 @@ from django.apps import AppConfig
 from django.conf import settings
 from django.core.checks import CheckMessage, Error, Tags, Warning, register
 
-from . import conf
+from . import (
+    conf,
+    inbox_checks,  # noqa: F401  (registers the inbox and idempotency checks)
+)
 from .exceptions import MissingExtraError, OutboxImproperlyConfigured
 from .store import SUPPORTED_VENDORS
 
@@ -70,23 +73,3 @@ def check_database(app_configs: Sequence[AppConfig] | None = None, **kwargs: Any
             )
         )
     return found
-
-
-@register(Tags.compatibility)
-def check_inbox_retention(app_configs: Sequence[AppConfig] | None = None, **kwargs: Any) -> list[CheckMessage]:
-    """The inbox forgets a message after INBOX_RETENTION; a redelivery after that would run twice."""
-    if conf.problems():
-        return []
-    s = conf.get_settings()
-    backoff = sum(min(s.BACKOFF_MAX_SECONDS, s.BACKOFF_BASE_SECONDS * 2 ** (n - 1)) for n in range(1, s.MAX_ATTEMPTS))
-    span = backoff + s.MAX_ATTEMPTS * s.LEASE_SECONDS
-    if s.INBOX_RETENTION.total_seconds() >= span:
-        return []
-    return [
-        Warning(
-            f"OUTBOX['INBOX_RETENTION'] ({s.INBOX_RETENTION}) is shorter than the {span:.0f} seconds this outbox may "
-            "spend retrying one message, so a late redelivery could be processed twice.",
-            hint="Keep inbox receipts longer than any producer keeps retrying (the default is 7 days).",
-            id="django_outbox.W060",
-        )
-    ]
