@@ -12,7 +12,10 @@ from django.apps import AppConfig
 from django.conf import settings
 from django.core.checks import CheckMessage, Error, Tags, Warning, register
 
-from . import conf
+from . import (
+    conf,
+    inbox_checks,  # noqa: F401  (registers the inbox and idempotency checks)
+)
 from .exceptions import MissingExtraError, OutboxImproperlyConfigured
 from .store import SUPPORTED_VENDORS
 

@@ -7,6 +7,7 @@ tests and nothing is read at import time. Validation collects every problem with
 
 from __future__ import annotations
 
+import datetime as dt
 import functools
 from collections.abc import Mapping
 from dataclasses import dataclass, field
@@ -55,6 +56,10 @@ class OutboxSettings:
     EMAIL_MAILER: str = ""
     EMAIL_VIEW_BASE_URL: str = ""
     EMAIL_VIEW_MAX_AGE_SECONDS: float = 30 * 24 * 3600.0
+    #: How long inbox receipts are kept: the window in which a redelivered message is recognised.
+    INBOX_RETENTION: dt.timedelta = dt.timedelta(days=7)
+    #: How long a stored ``Idempotency-Key`` response is replayed (Stripe keeps keys for 24 hours).
+    IDEMPOTENCY_KEY_TTL: dt.timedelta = dt.timedelta(hours=24)
 
 
 @dataclass(frozen=True, slots=True)
@@ -164,6 +169,20 @@ def _parse(raw: object) -> tuple[OutboxSettings, list[Problem]]:
             )
         )
 
+    for name, check_id in (("INBOX_RETENTION", "django_outbox.E060"), ("IDEMPOTENCY_KEY_TTL", "django_outbox.E061")):
+        if name in raw:
+            duration = _duration(raw[name])
+            if duration is None:
+                problems.append(
+                    Problem(
+                        check_id,
+                        f"OUTBOX[{name!r}] must be a positive timedelta or number of seconds, not {raw[name]!r}.",
+                        "Example: datetime.timedelta(days=7). Remove the key to use the default.",
+                    )
+                )
+            else:
+                values[name] = duration
+
     transports, transport_problems = _parse_transports(raw.get("TRANSPORTS", {}))
     problems += transport_problems
     values["TRANSPORTS"] = transports
@@ -180,6 +199,18 @@ def _parse(raw: object) -> tuple[OutboxSettings, list[Problem]]:
             )
         )
     return parsed, problems
+
+
+def _duration(value: object) -> dt.timedelta | None:
+    """A positive duration from a timedelta or a number of seconds; None if it is neither."""
+    if isinstance(value, dt.timedelta):
+        return value if value > dt.timedelta(0) else None
+    if isinstance(value, int | float) and not isinstance(value, bool) and value > 0:
+        try:
+            return dt.timedelta(seconds=value)
+        except (OverflowError, ValueError):  # infinity, NaN, or beyond timedelta's range
+            return None
+    return None
 
 
 def _parse_transports(raw: object) -> tuple[dict[str, TransportConfig], list[Problem]]:

@@ -13,7 +13,16 @@ from django.db import models
 from django.utils import timezone
 from django.utils.translation import gettext_lazy as _
 
-from .limits import IDEMPOTENCY_KEY_MAX_LENGTH, KEY_MAX_LENGTH, TOPIC_MAX_LENGTH, WORKER_ID_MAX_LENGTH
+from .limits import (
+    IDEMPOTENCY_KEY_MAX_LENGTH,
+    INBOX_MESSAGE_ID_MAX_LENGTH,
+    INBOX_SOURCE_MAX_LENGTH,
+    KEY_MAX_LENGTH,
+    REQUEST_KEY_MAX_LENGTH,
+    REQUEST_SCOPE_MAX_LENGTH,
+    TOPIC_MAX_LENGTH,
+    WORKER_ID_MAX_LENGTH,
+)
 
 
 class Message(models.Model):
@@ -128,6 +137,70 @@ class Worker(models.Model):
 
     def __str__(self) -> str:
         return self.worker_id
+
+
+class InboxMessage(models.Model):
+    """One row per message a consumer has processed, written in the consumer's own transaction.
+
+    The unique (source, message_id) pair is the deduplication: a redelivery finds the row and is
+    skipped. Rows older than ``OUTBOX["INBOX_RETENTION"]`` are purged, which bounds the dedupe window.
+    """
+
+    id = models.BigAutoField(primary_key=True)
+    source = models.CharField(max_length=INBOX_SOURCE_MAX_LENGTH)
+    message_id = models.CharField(max_length=INBOX_MESSAGE_ID_MAX_LENGTH)
+    received_at = models.DateTimeField(default=timezone.now)
+
+    class Meta:
+        ordering = ["-id"]
+        verbose_name = _("inbox message")
+        verbose_name_plural = _("inbox messages")
+        constraints = [
+            models.UniqueConstraint(fields=["source", "message_id"], name="outbox_inbox_source_message_uniq"),
+        ]
+        indexes = [models.Index(fields=["received_at"], name="outbox_inbox_received_idx")]
+
+    def __str__(self) -> str:
+        return f"{self.source}:{self.message_id}"
+
+
+class IdempotencyRecord(models.Model):
+    """The stored outcome of one ``Idempotency-Key`` request, or the claim of a request still running.
+
+    An in-progress row is committed before the view runs, so concurrent retries see it and get 409;
+    the view's writes and the completed response then commit together in one transaction.
+    """
+
+    class State(models.TextChoices):
+        IN_PROGRESS = "in_progress", _("in progress")
+        COMPLETED = "completed", _("completed")
+
+    id = models.BigAutoField(primary_key=True)
+    scope = models.CharField(max_length=REQUEST_SCOPE_MAX_LENGTH)
+    key = models.CharField(max_length=REQUEST_KEY_MAX_LENGTH)
+    fingerprint = models.CharField(max_length=64)
+    state = models.CharField(max_length=16, choices=State.choices)
+    # Fences the request that owns an in-progress row: whoever takes over an abandoned claim changes it.
+    lock_token = models.CharField(max_length=32, null=True, blank=True)  # noqa: DJ001
+    locked_until = models.DateTimeField(null=True, blank=True)
+    response_status = models.PositiveSmallIntegerField(null=True, blank=True)
+    response_headers = models.JSONField(null=True, blank=True)
+    response_body = models.BinaryField(null=True, blank=True)
+    created_at = models.DateTimeField(default=timezone.now)
+    completed_at = models.DateTimeField(null=True, blank=True)
+    expires_at = models.DateTimeField()
+
+    class Meta:
+        ordering = ["-id"]
+        verbose_name = _("idempotency record")
+        verbose_name_plural = _("idempotency records")
+        constraints = [
+            models.UniqueConstraint(fields=["scope", "key"], name="outbox_idem_scope_key_uniq"),
+        ]
+        indexes = [models.Index(fields=["expires_at"], name="outbox_idem_expires_idx")]
+
+    def __str__(self) -> str:
+        return f"{self.scope} {self.key} ({self.state})"
 
 
 from .mail.models import OutboxEmail  # noqa: E402, F401  (the email log proxy; defined there, registered here)

@@ -78,3 +78,6 @@ LOGGING = {
     "handlers": {"console": {"class": "logging.StreamHandler", "formatter": "plain"}},
     "loggers": {"django_outbox": {"handlers": ["console"], "level": env("OUTBOX_LOG_LEVEL", default="WARNING")}},
 }
+
+# The Standard Webhooks secret the shop's webhook consumer verifies (shop/webhooks.py).
+SHOP_WEBHOOK_SECRET = env("SHOP_WEBHOOK_SECRET", default="whsec_ZGVtby13ZWJob29rLXNlY3JldC1ub3QtZm9yLXByb2R1Y3Rpb24=")

@@ -3,6 +3,7 @@
 from testproject.settings import *  # noqa: F403
 
 INSTALLED_APPS = [*INSTALLED_APPS, "tests.probe"]  # noqa: F405
+ROOT_URLCONF = "tests.urls"
 OUTBOX = {
     "MAX_ATTEMPTS": 5,
     "BACKOFF_BASE_SECONDS": 0.05,

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from typing import Any
+from typing import Any, ClassVar
 
 from django.db import models
 from django.utils.translation import gettext_lazy as _
@@ -18,7 +18,7 @@ class EmailManager(models.Manager["OutboxEmail"]):
 
 
 class OutboxEmail(Message):
-    objects = EmailManager()
+    objects: ClassVar[EmailManager] = EmailManager()
 
     class Meta:
         proxy = True

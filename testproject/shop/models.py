@@ -27,3 +27,19 @@ class Notification(models.Model):
 
     def __str__(self) -> str:
         return self.text
+
+
+class Shipment(models.Model):
+    """The warehouse's side: created by the webhook consumer, once per order event thanks to the inbox.
+
+    Deliberately no unique constraint on the order: the inbox alone keeps redeliveries from shipping twice.
+    """
+
+    order_id = models.BigIntegerField()
+    item = models.CharField(max_length=100)
+    quantity = models.PositiveIntegerField()
+    webhook_id = models.CharField(max_length=255)
+    created_at = models.DateTimeField(auto_now_add=True)
+
+    def __str__(self) -> str:
+        return f"shipment of order #{self.order_id}"

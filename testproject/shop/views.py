@@ -9,6 +9,7 @@ from django.views.decorators.csrf import csrf_exempt
 from django.views.decorators.http import require_POST
 
 from django_outbox import outbox
+from django_outbox.idempotency import idempotent
 
 from .models import Order
 
@@ -41,3 +42,21 @@ def cancel_order(request: HttpRequest, pk: int) -> HttpResponse:
         order.save(update_fields=["status"])
         outbox.send("orders.cancelled", {"order_id": order.pk}, key=f"order-{order.pk}")
     return JsonResponse({"order_id": order.pk, "status": order.status})
+
+
+@csrf_exempt
+@require_POST
+@idempotent(required=True)
+def create_order_api(request: HttpRequest) -> HttpResponse:
+    """The API form of place_order: clients must send an ``Idempotency-Key``, so a retry never orders twice.
+
+    No ``atomic()`` here: @idempotent already runs the view in a transaction that also stores the
+    response, so the order, its message and the stored response commit together.
+    """
+    data = json.loads(request.body or b"{}")
+    order = Order.objects.create(customer_email=data["email"], item=data["item"], quantity=int(data.get("quantity", 1)))
+    payload = {"order_id": order.pk, "email": order.customer_email, "item": order.item, "quantity": order.quantity}
+    outbox.send("orders.created", payload, key=f"order-{order.pk}")
+    response = JsonResponse(payload, status=201)
+    response["Location"] = f"/api/orders/{order.pk}/"
+    return response

@@ -1,0 +1,18 @@
+"""The demo's URLs plus the probe views that tests drive over HTTP."""
+
+from django.urls import path
+from django.views.decorators.csrf import csrf_exempt
+
+from testproject.urls import urlpatterns as demo_urlpatterns
+
+from .probe import views
+
+urlpatterns = [
+    *demo_urlpatterns,
+    path("probe/orders/", views.create_order),
+    path("probe/orders-optional/", views.create_order_optional),
+    path("probe/orders-cbv/", csrf_exempt(views.OrderCreateView.as_view())),
+    path("probe/orders-cbv-decorated/", csrf_exempt(views.DecoratedOrderCreateView.as_view())),
+    path("probe/stream/", views.stream),
+    path("probe/claim-visible/", views.claim_visible),
+]
