@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import dataclasses
 import datetime as dt
-import decimal
 import time
 from collections.abc import Callable, Mapping, Sequence
 from typing import TYPE_CHECKING, Any, ClassVar
@@ -25,9 +24,9 @@ from .broker import (
     combination_error,
     encode_payload,
     option,
-    outbox_headers,
     redact,
     render,
+    text_headers,
     url_error,
 )
 
@@ -60,17 +59,6 @@ class AMQPOptions:
 
 
 _WAITING = object()
-
-
-def _header_value(value: Any) -> Any:
-    """JSON header values as AMQP field values; AMQP tables have no float, so floats become decimals."""
-    if isinstance(value, float):
-        return decimal.Decimal(repr(value))
-    if isinstance(value, dict):
-        return {str(k): _header_value(v) for k, v in value.items()}
-    if isinstance(value, list):
-        return [_header_value(v) for v in value]
-    return value
 
 
 class AMQPTransport(BrokerTransport):
@@ -151,8 +139,7 @@ class AMQPTransport(BrokerTransport):
         return results
 
     def _properties(self, message: Message) -> pika.BasicProperties:
-        headers = {str(k): _header_value(v) for k, v in (message.headers or {}).items()}
-        headers.update(outbox_headers(message))
+        headers: dict[str, Any] = text_headers(message)
         created = message.created_at or dt.datetime.now(dt.UTC)
         return pika.BasicProperties(
             content_type=CONTENT_TYPE,
@@ -202,18 +189,18 @@ class AMQPTransport(BrokerTransport):
             ) from reason
 
     def _discard(self) -> None:
-        """Forget the connection, closing it if it is still open."""
-        connection, self._connection = self._connection, None
+        """Forget the connection, closing it (and its socket) if it is not closed yet."""
+        connection = self._connection
         self._channel, self._ready = None, False
         if connection is None:
             return
-        if not (connection.is_closed or connection.is_closing):
-            self._connection = connection  # the close callbacks run on its loop
-            try:
+        try:
+            if not (connection.is_closed or connection.is_closing):
                 connection.close()
-                self._run_until(lambda: connection.is_closed, 2.0)
-            except Exception:
-                pass
+            self._run_until(lambda: connection.is_closed, 2.0)
+        except Exception:
+            pass
+        finally:
             self._connection = None
         if not connection.is_closed:
             transport = getattr(connection, "_transport", None)

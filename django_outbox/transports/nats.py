@@ -140,7 +140,9 @@ class NATSTransport(BrokerTransport):
         await self._disconnect()
         settings = self.settings
         servers = [settings.servers] if isinstance(settings.servers, str) else list(settings.servers)
-        nc = await nats.connect(
+        nc = NATSClient()
+        self._nc = nc  # before connecting, so a failed handshake's socket is closed by _disconnect()
+        await nc.connect(
             servers=servers,
             allow_reconnect=False,
             connect_timeout=max(1, round(settings.connect_timeout)),
@@ -149,7 +151,6 @@ class NATSTransport(BrokerTransport):
             disconnected_cb=self._ignore_event,
             closed_cb=self._ignore_event,
         )
-        self._nc = nc
         self._js = nc.jetstream(timeout=settings.ack_timeout)
         if settings.create_stream:
             await self._ensure_stream(self._js)
@@ -171,11 +172,16 @@ class NATSTransport(BrokerTransport):
 
     async def _disconnect(self) -> None:
         nc, self._nc, self._js = self._nc, None, None
-        if nc is not None and not nc.is_closed:
+        if nc is None:
+            return
+        if not nc.is_closed:
             try:
                 await nc.close()
             except Exception:
                 pass
+        # let the socket's close callbacks run on this loop, which stops as soon as we return
+        for _ in range(3):
+            await asyncio.sleep(0)
 
     @staticmethod
     async def _ignore(exc: Exception) -> None:
