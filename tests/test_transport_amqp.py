@@ -86,7 +86,7 @@ def rabbit() -> Iterator[tuple[str, Consumer]]:
 
 
 def options(exchange: str, **more: Any) -> dict[str, Any]:
-    return {"url": url(), "exchange": exchange, **more}
+    return {"URL": url(), "EXCHANGE": exchange, **more}
 
 
 def test_worker_relays_1000_messages_with_ids_headers_payload_and_key_order(rabbit):
@@ -120,7 +120,7 @@ def test_missing_exchange_fails_the_attempt_and_declare_exchange_creates_it(rabb
     assert message.status == Message.Status.PENDING
     assert "NOT_FOUND" in message.last_error and missing in message.last_error
 
-    declared = options(missing, declare_exchange=True, mandatory=False)
+    declared = options(missing, DECLARE_EXCHANGE=True, MANDATORY=False)
     transport = AMQPTransport(name="rabbit", options=declared)
     try:
         assert transport.deliver_batch([message]) == [None]
@@ -148,7 +148,7 @@ def test_outage_fails_attempts_then_the_worker_reconnects_and_nothing_is_lost(ra
     prefix, consumer = rabbit
     proxy = FlakyProxy(HOST, PORT)
     try:
-        settings = options(consumer.exchange, url=url(proxy.port), connect_timeout=1.0, confirm_timeout=2.0)
+        settings = options(consumer.exchange, URL=url(proxy.port), CONNECT_TIMEOUT=1.0, CONFIRM_TIMEOUT=2.0)
         with outbox_settings("rabbit", BACKEND, settings, f"{prefix}.*"), running_relay():
             sent = send_many(f"{prefix}.orders", 50)
             wait_for(lambda: count_status(Message.Status.DELIVERED) == 50, timeout=20)

@@ -30,8 +30,8 @@ def ids_for(backend: str, options: dict[str, Any]) -> list[str]:
 
 def test_first_matching_route_wins():
     transports = {
-        "rabbit": {"BACKEND": AMQP, "OPTIONS": {"url": "amqp://localhost", "exchange": "x"}},
-        "streams": {"BACKEND": REDIS, "OPTIONS": {"url": "redis://localhost"}},
+        "rabbit": {"BACKEND": AMQP, "OPTIONS": {"URL": "amqp://localhost", "EXCHANGE": "x"}},
+        "streams": {"BACKEND": REDIS, "OPTIONS": {"URL": "redis://localhost"}},
     }
     routes = {"orders.refunded": "streams", "orders.*": "rabbit", "*": "streams"}
     with override_settings(OUTBOX={"TRANSPORTS": transports, "ROUTES": routes}):
@@ -44,11 +44,11 @@ def test_first_matching_route_wins():
 @pytest.mark.parametrize(
     ("backend", "options"),
     [
-        (AMQP, {"url": "amqp://guest:guest@localhost:5672/%2F", "exchange": "events"}),
-        (AMQP, {"url": "amqps://h/vh", "exchange": "", "routing_key": "app.{topic}", "heartbeat": 30}),
-        (REDIS, {"url": "redis://localhost:6379/0", "stream": "app:{topic}", "maxlen": 10_000}),
-        (NATS, {"servers": ["nats://a:4222", "nats://b:4222"], "subject": "app.{topic}"}),
-        (NATS, {"servers": "nats://a", "stream": "OUT", "create_stream": True, "stream_subjects": ["app.>"]}),
+        (AMQP, {"URL": "amqp://guest:guest@localhost:5672/%2F", "EXCHANGE": "events"}),
+        (AMQP, {"URL": "amqps://h/vh", "EXCHANGE": "", "ROUTING_KEY": "app.{topic}", "HEARTBEAT": 30}),
+        (REDIS, {"URL": "redis://localhost:6379/0", "STREAM": "app:{topic}", "MAXLEN": 10_000}),
+        (NATS, {"SERVERS": ["nats://a:4222", "nats://b:4222"], "SUBJECT": "app.{topic}"}),
+        (NATS, {"SERVERS": "nats://a", "STREAM": "OUT", "CREATE_STREAM": True, "STREAM_SUBJECTS": ["app.>"]}),
     ],
 )
 def test_valid_options_pass_the_checks(backend, options):
@@ -58,25 +58,25 @@ def test_valid_options_pass_the_checks(backend, options):
 @pytest.mark.parametrize(
     ("backend", "options", "expected"),
     [
-        (AMQP, {"exchange": "events"}, "django_outbox.E013"),
+        (AMQP, {"EXCHANGE": "events"}, "django_outbox.E013"),
         (REDIS, {}, "django_outbox.E013"),
         (NATS, {}, "django_outbox.E013"),
-        (AMQP, {"url": "amqp://h", "exchange": "x", "exchnage_type": "topic"}, "django_outbox.E050"),
-        (REDIS, {"url": "redis://h", "max_len": 5}, "django_outbox.E050"),
-        (AMQP, {"url": "amqp://h", "exchange": "x", "confirm_timeout": "10"}, "django_outbox.E051"),
-        (AMQP, {"url": "amqp://h", "exchange": "x", "exchange_type": "fan"}, "django_outbox.E051"),
-        (AMQP, {"url": "amqp://h", "exchange": "x", "mandatory": 1}, "django_outbox.E051"),
-        (REDIS, {"url": "redis://h", "maxlen": 0}, "django_outbox.E051"),
-        (NATS, {"servers": []}, "django_outbox.E051"),
-        (NATS, {"servers": "nats://h", "stream_subjects": ["ok", ""]}, "django_outbox.E051"),
-        (AMQP, {"url": "amqp://h", "exchange": "x", "routing_key": "{topic}.{key}"}, "django_outbox.E052"),
-        (REDIS, {"url": "redis://h", "stream": "outbox:{topic"}, "django_outbox.E052"),
-        (NATS, {"servers": "nats://h", "subject": "{subject}"}, "django_outbox.E052"),
-        (AMQP, {"url": "http://h", "exchange": "x"}, "django_outbox.E053"),
-        (REDIS, {"url": "localhost:6379"}, "django_outbox.E053"),
-        (NATS, {"servers": ["nats://a", "redis://b"]}, "django_outbox.E053"),
-        (AMQP, {"url": "amqp://h", "exchange": "", "declare_exchange": True}, "django_outbox.E054"),
-        (NATS, {"servers": "nats://h", "create_stream": True, "stream": "S"}, "django_outbox.E054"),
+        (AMQP, {"URL": "amqp://h", "EXCHANGE": "x", "EXCHNAGE_TYPE": "topic"}, "django_outbox.E050"),
+        (REDIS, {"URL": "redis://h", "MAX_LEN": 5}, "django_outbox.E050"),
+        (AMQP, {"URL": "amqp://h", "EXCHANGE": "x", "CONFIRM_TIMEOUT": "10"}, "django_outbox.E051"),
+        (AMQP, {"URL": "amqp://h", "EXCHANGE": "x", "EXCHANGE_TYPE": "fan"}, "django_outbox.E051"),
+        (AMQP, {"URL": "amqp://h", "EXCHANGE": "x", "MANDATORY": 1}, "django_outbox.E051"),
+        (REDIS, {"URL": "redis://h", "MAXLEN": 0}, "django_outbox.E051"),
+        (NATS, {"SERVERS": []}, "django_outbox.E051"),
+        (NATS, {"SERVERS": "nats://h", "STREAM_SUBJECTS": ["ok", ""]}, "django_outbox.E051"),
+        (AMQP, {"URL": "amqp://h", "EXCHANGE": "x", "ROUTING_KEY": "{topic}.{key}"}, "django_outbox.E052"),
+        (REDIS, {"URL": "redis://h", "STREAM": "outbox:{topic"}, "django_outbox.E052"),
+        (NATS, {"SERVERS": "nats://h", "SUBJECT": "{subject}"}, "django_outbox.E052"),
+        (AMQP, {"URL": "http://h", "EXCHANGE": "x"}, "django_outbox.E053"),
+        (REDIS, {"URL": "localhost:6379"}, "django_outbox.E053"),
+        (NATS, {"SERVERS": ["nats://a", "redis://b"]}, "django_outbox.E053"),
+        (AMQP, {"URL": "amqp://h", "EXCHANGE": "", "DECLARE_EXCHANGE": True}, "django_outbox.E054"),
+        (NATS, {"SERVERS": "nats://h", "CREATE_STREAM": True, "STREAM": "S"}, "django_outbox.E054"),
     ],
 )
 def test_bad_options_are_reported_with_stable_ids(backend, options, expected):
@@ -85,10 +85,10 @@ def test_bad_options_are_reported_with_stable_ids(backend, options, expected):
 
 def test_check_messages_say_what_to_fix():
     with override_settings(
-        OUTBOX={"TRANSPORTS": {"broker": {"BACKEND": REDIS, "OPTIONS": {"url": "redis://h", "maxlen": -1}}}}
+        OUTBOX={"TRANSPORTS": {"broker": {"BACKEND": REDIS, "OPTIONS": {"URL": "redis://h", "MAXLEN": -1}}}}
     ):
         (error,) = check_settings()
-    assert error.msg == "OUTBOX['TRANSPORTS']['broker']['OPTIONS']['maxlen'] must be an integer or None >= 1, not -1."
+    assert error.msg == "OUTBOX['TRANSPORTS']['broker']['OPTIONS']['MAXLEN'] must be an integer or None >= 1, not -1."
     assert error.hint == "Fix the value, or remove the option to use its default."
 
 
@@ -98,17 +98,17 @@ def test_unknown_backend_is_reported_before_anything_runs():
 
 
 def test_bad_options_also_stop_a_transport_from_being_built():
-    with pytest.raises(OutboxImproperlyConfigured, match=r"'stream'.*only \{topic\} is available.*E052"):
-        RedisStreamsTransport(name="streams", options={"url": "redis://h", "stream": "{key}"})
+    with pytest.raises(OutboxImproperlyConfigured, match=r"'STREAM'.*only \{topic\} is available.*E052"):
+        RedisStreamsTransport(name="streams", options={"URL": "redis://h", "STREAM": "{key}"})
     with pytest.raises(OutboxImproperlyConfigured, match="E013"):
-        AMQPTransport(name="rabbit", options={"url": "amqp://h"})
+        AMQPTransport(name="rabbit", options={"URL": "amqp://h"})
 
 
 def test_passwords_are_kept_out_of_messages():
     assert redact("amqp://guest:s3cret@host:5672/%2F") == "amqp://guest:***@host:5672/%2F"
     assert redact("redis://host:6379/0") == "redis://host:6379/0"
     with override_settings(
-        OUTBOX={"TRANSPORTS": {"b": {"BACKEND": AMQP, "OPTIONS": {"url": "http://u:s3cret@h", "exchange": ""}}}}
+        OUTBOX={"TRANSPORTS": {"b": {"BACKEND": AMQP, "OPTIONS": {"URL": "http://u:s3cret@h", "EXCHANGE": ""}}}}
     ):
         (error,) = check_settings()
     assert "s3cret" not in error.msg

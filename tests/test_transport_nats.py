@@ -92,10 +92,10 @@ def jetstream() -> Iterator[tuple[str, str]]:
 
 def options(prefix: str, stream: str, **more: Any) -> dict[str, Any]:
     return {
-        "servers": server(),
-        "stream": stream,
-        "create_stream": True,
-        "stream_subjects": [f"{prefix}.>"],
+        "SERVERS": server(),
+        "STREAM": stream,
+        "CREATE_STREAM": True,
+        "STREAM_SUBJECTS": [f"{prefix}.>"],
         **more,
     }
 
@@ -126,20 +126,20 @@ def test_server_drops_a_republished_message_by_its_msg_id(jetstream):
 
 def test_missing_stream_is_a_clear_failed_attempt(jetstream):
     prefix, _ = jetstream
-    with outbox_settings("js", BACKEND, {"servers": server()}, f"{prefix}.*"):
+    with outbox_settings("js", BACKEND, {"SERVERS": server()}, f"{prefix}.*"):
         (message,) = send_many(f"{prefix}.orders", 1)
         relay_until_empty()
     message.refresh_from_db()
     assert message.status == Message.Status.PENDING
     assert f"no JetStream stream captures subject '{prefix}.orders'" in message.last_error
-    assert "create_stream" in message.last_error
+    assert "CREATE_STREAM" in message.last_error
 
 
 def test_outage_fails_attempts_then_the_worker_reconnects_and_nothing_is_lost(jetstream):
     prefix, stream = jetstream
     proxy = FlakyProxy(HOST, PORT)
     try:
-        settings = options(prefix, stream, servers=server(proxy.port), connect_timeout=1.0, ack_timeout=2.0)
+        settings = options(prefix, stream, SERVERS=server(proxy.port), CONNECT_TIMEOUT=1.0, ACK_TIMEOUT=2.0)
         with outbox_settings("js", BACKEND, settings, f"{prefix}.*"), running_relay():
             sent = send_many(f"{prefix}.orders", 50)
             wait_for(lambda: count_status(Message.Status.DELIVERED) == 50, timeout=20)

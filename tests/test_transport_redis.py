@@ -65,7 +65,7 @@ def read_stream(client: Any, stream: str) -> list[Received]:
 
 def test_worker_relays_1000_messages_with_ids_headers_payload_and_key_order(streams):
     prefix, client = streams
-    with outbox_settings("streams", BACKEND, {"url": url(), "stream": "test:{topic}"}, f"{prefix}.*"):
+    with outbox_settings("streams", BACKEND, {"URL": url(), "STREAM": "test:{topic}"}, f"{prefix}.*"):
         sent = send_many(f"{prefix}.orders", 1000)
         relay = relay_until_empty()
     assert relay.stats.delivered == 1000
@@ -75,7 +75,7 @@ def test_worker_relays_1000_messages_with_ids_headers_payload_and_key_order(stre
 
 def test_stream_name_comes_from_the_topic_template(streams):
     prefix, client = streams
-    with outbox_settings("streams", BACKEND, {"url": url(), "stream": "test:{topic}:v1"}, f"{prefix}.*"):
+    with outbox_settings("streams", BACKEND, {"URL": url(), "STREAM": "test:{topic}:v1"}, f"{prefix}.*"):
         orders = send_many(f"{prefix}.orders", 3)
         refunds = send_many(f"{prefix}.refunds", 2, start=3)
         relay_until_empty()
@@ -96,7 +96,7 @@ def read_stream_raw(client: Any, stream: str) -> list[Received]:
 
 def test_approximate_maxlen_trims_the_stream(streams):
     prefix, client = streams
-    options = {"url": url(), "stream": "test:{topic}", "maxlen": 100}
+    options = {"URL": url(), "STREAM": "test:{topic}", "MAXLEN": 100}
     with outbox_settings("streams", BACKEND, options, f"{prefix}.*"):
         sent = send_many(f"{prefix}.orders", 1000)
         relay_until_empty()
@@ -109,10 +109,10 @@ def test_approximate_maxlen_trims_the_stream(streams):
 def test_an_error_reply_fails_only_that_message(streams):
     prefix, client = streams
     client.set(f"test:{prefix}.clash", "not a stream")
-    with outbox_settings("streams", BACKEND, {"url": url(), "stream": "test:{topic}"}, f"{prefix}.*"):
+    with outbox_settings("streams", BACKEND, {"URL": url(), "STREAM": "test:{topic}"}, f"{prefix}.*"):
         good = send_many(f"{prefix}.orders", 2)
         (bad,) = send_many(f"{prefix}.clash", 1, start=2)
-        transport = RedisStreamsTransport(name="streams", options={"url": url(), "stream": "test:{topic}"})
+        transport = RedisStreamsTransport(name="streams", options={"URL": url(), "STREAM": "test:{topic}"})
         try:
             results = transport.deliver_batch([good[0], bad, good[1]])
         finally:
@@ -125,7 +125,7 @@ def test_outage_fails_attempts_then_the_worker_reconnects_and_nothing_is_lost(st
     prefix, client = streams
     proxy = FlakyProxy(HOST, PORT)
     try:
-        options = {"url": url(proxy.port), "stream": "test:{topic}", "socket_timeout": 1.0}
+        options = {"URL": url(proxy.port), "STREAM": "test:{topic}", "SOCKET_TIMEOUT": 1.0}
         with outbox_settings("streams", BACKEND, options, f"{prefix}.*"), running_relay():
             sent = send_many(f"{prefix}.orders", 50)
             wait_for(lambda: count_status(Message.Status.DELIVERED) == 50, timeout=20)

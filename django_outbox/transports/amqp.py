@@ -81,15 +81,15 @@ class AMQPTransport(BrokerTransport):
     @classmethod
     def check_combination(cls, name: str, options: Mapping[str, Any]) -> list[CheckMessage]:
         found: list[CheckMessage] = []
-        problem = url_error(name, "url", options["url"], ("amqp", "amqps"))
+        problem = url_error(name, "URL", options["URL"], ("amqp", "amqps"))
         if problem:
             found.append(problem)
-        if options.get("declare_exchange") and options["exchange"] == "":
+        if options.get("DECLARE_EXCHANGE") and options["EXCHANGE"] == "":
             found.append(
                 combination_error(
                     name,
-                    "declare_exchange is set but exchange is '' (the default exchange, which cannot be declared).",
-                    "Name the exchange to declare, or remove declare_exchange.",
+                    "DECLARE_EXCHANGE is set but EXCHANGE is '' (the default exchange, which cannot be declared).",
+                    "Name the exchange to declare, or remove DECLARE_EXCHANGE.",
                 )
             )
         return found

@@ -45,7 +45,7 @@ def option(
     choices: tuple[str, ...] = (),
     items: type | None = None,
 ) -> Any:
-    """Declare a transport option; with no default it is required."""
+    """Declare a transport option (spelt in capitals in ``OPTIONS``); with no default it is required."""
     metadata = {"kind": kind, "minimum": minimum, "template": template, "choices": choices, "items": items}
     if isinstance(default, list | dict):
         raise TypeError("use a tuple or None as an option default")
@@ -73,7 +73,7 @@ def template_problem(template: str) -> str | None:
 def option_problems(cls: type, name: str, options: Mapping[str, Any]) -> list[Error]:
     """Unknown options (E050), values of the wrong type or range (E051), bad name templates (E052)."""
     where = f"OUTBOX['TRANSPORTS'][{name!r}]['OPTIONS']"
-    fields = {f.name: f for f in dataclasses.fields(cls)}
+    fields = {f.name.upper(): f for f in dataclasses.fields(cls)}
     found: list[Error] = []
     for key in sorted(set(options) - set(fields), key=str):
         found.append(
@@ -141,12 +141,14 @@ class BrokerTransport(BaseTransport):
         if found:
             first = found[0]
             raise OutboxImproperlyConfigured(f"{first.msg} {first.hint or ''} ({first.id}; run 'manage.py check')")
-        values = {k: (tuple(v) if isinstance(v, list) else v) for k, v in options.items()}
+        values = {k.lower(): (tuple(v) if isinstance(v, list) else v) for k, v in options.items()}
         self.settings: Any = self.options_class(**values)
 
     @classmethod
     def check(cls, name: str, options: Mapping[str, Any]) -> list[CheckMessage]:
-        required = tuple(f.name for f in dataclasses.fields(cls.options_class) if f.default is dataclasses.MISSING)
+        required = tuple(
+            f.name.upper() for f in dataclasses.fields(cls.options_class) if f.default is dataclasses.MISSING
+        )
         missing = [
             Error(
                 f"Transport {name!r} ({cls.__module__}.{cls.__qualname__}) needs OPTIONS[{key!r}].",

@@ -63,17 +63,17 @@ class NATSTransport(BrokerTransport):
     @classmethod
     def check_combination(cls, name: str, options: Mapping[str, Any]) -> list[CheckMessage]:
         found: list[CheckMessage] = []
-        servers = options["servers"]
+        servers = options["SERVERS"]
         for server in [servers] if isinstance(servers, str) else servers:
-            problem = url_error(name, "servers", server, ("nats", "tls", "ws", "wss"))
+            problem = url_error(name, "SERVERS", server, ("nats", "tls", "ws", "wss"))
             if problem:
                 found.append(problem)
-        if options.get("create_stream") and not (options.get("stream") and options.get("stream_subjects")):
+        if options.get("CREATE_STREAM") and not (options.get("STREAM") and options.get("STREAM_SUBJECTS")):
             found.append(
                 combination_error(
                     name,
-                    "create_stream needs 'stream' (its name) and 'stream_subjects' (the subjects it captures).",
-                    "Example: 'stream': 'OUTBOX', 'stream_subjects': ['orders.>'].",
+                    "CREATE_STREAM needs STREAM (its name) and STREAM_SUBJECTS (the subjects it captures).",
+                    "Example: 'STREAM': 'OUTBOX', 'STREAM_SUBJECTS': ['orders.>'].",
                 )
             )
         return found
@@ -125,7 +125,7 @@ class NATSTransport(BrokerTransport):
             error = TransientDeliveryError(
                 f"no JetStream stream captures subject {subject!r} (the server answered 'no responders'). "
                 "Create a stream whose subjects include it (e.g. nats stream add OUTBOX --subjects 'orders.>'), "
-                "or set OPTIONS 'create_stream': True with 'stream' and 'stream_subjects'."
+                "or set OPTIONS 'CREATE_STREAM': True with 'STREAM' and 'STREAM_SUBJECTS'."
             )
             error.__cause__ = exc
             return error

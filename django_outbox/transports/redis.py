@@ -47,7 +47,7 @@ class RedisStreamsTransport(BrokerTransport):
 
     @classmethod
     def check_combination(cls, name: str, options: Mapping[str, Any]) -> list[CheckMessage]:
-        problem = url_error(name, "url", options["url"], ("redis", "rediss", "unix"))
+        problem = url_error(name, "URL", options["URL"], ("redis", "rediss", "unix"))
         return [problem] if problem else []
 
     @property
