@@ -1,0 +1,254 @@
+"""Relay rate to RabbitMQ, Redis Streams and NATS JetStream, against a no-op handler in the same run.
+
+    DATABASE_URL=postgres://postgres@127.0.0.1:5432/outbox_bench_brokers python bench/brokers.py \
+        [--messages 20000] [--rounds 3] [--json bench/results/brokers.json]
+
+Each round fills the outbox with ``--messages`` pending messages (five keys, a small JSON payload, a
+user header, an idempotency key) and times one worker (``Relay`` with ``until_empty``, one delivery
+thread, the default batch size) relaying them all to each destination in turn. Every broker is then
+asked how many messages it holds, so a transport that drops messages cannot look fast. The figure per
+destination is the median over the rounds. Exits 1 when a broker's rate is below half the no-op rate.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import os
+import platform
+import statistics
+import sys
+import time
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+from urllib.parse import urlparse
+
+ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT))
+os.environ.setdefault("DATABASE_URL", "postgres://postgres@127.0.0.1:5432/outbox_bench_brokers")
+os.environ["DJANGO_SETTINGS_MODULE"] = "tests.settings"
+os.environ["DEBUG"] = "false"
+
+AMQP_URL = "amqp://guest:guest@127.0.0.1:5672/%2F"
+REDIS_URL = "redis://127.0.0.1:6379/0"
+NATS_URL = "nats://127.0.0.1:4222"
+EXCHANGE = "outbox.bench"
+QUEUE = "outbox.bench"
+STREAM = "OUTBOX_BENCH"
+
+FILL = """
+INSERT INTO django_outbox_message (uuid, topic, key, payload, headers, idempotency_key, status, attempts,
+    max_attempts, available_at, created_at, last_error)
+SELECT gen_random_uuid(), %(topic)s, 'key-' || (i %% 5),
+       jsonb_build_object('order_id', i, 'total', '19.90', 'lines', jsonb_build_array(i, i + 1)),
+       jsonb_build_object('trace', 'trace-' || i), %(topic)s || ':' || i, 'pending', 0, 5, now(), now(), ''
+FROM generate_series(1, %(count)s) AS i
+"""
+
+TRANSPORTS: dict[str, dict[str, Any]] = {
+    "rabbitmq": {
+        "BACKEND": "django_outbox.transports.amqp.AMQPTransport",
+        "OPTIONS": {"URL": AMQP_URL, "EXCHANGE": EXCHANGE},
+    },
+    "redis": {
+        "BACKEND": "django_outbox.transports.redis.RedisStreamsTransport",
+        "OPTIONS": {"URL": REDIS_URL, "STREAM": "bench:{topic}"},
+    },
+    "nats": {
+        "BACKEND": "django_outbox.transports.nats.NATSTransport",
+        "OPTIONS": {"SERVERS": NATS_URL, "STREAM": STREAM, "CREATE_STREAM": True, "STREAM_SUBJECTS": ["bench.>"]},
+    },
+}
+
+
+def ensure_database() -> None:
+    import psycopg
+
+    url = urlparse(os.environ["DATABASE_URL"])
+    name = url.path.lstrip("/")
+    admin = url._replace(path="/postgres").geturl()
+    with psycopg.connect(admin, autocommit=True) as conn:
+        if not conn.execute("SELECT 1 FROM pg_database WHERE datname = %s", [name]).fetchone():
+            conn.execute(f'CREATE DATABASE "{name}"')
+
+
+# --- the brokers' side, with their own clients ------------------------------------------------------
+
+
+def reset_rabbitmq() -> Callable[[], int]:
+    import pika
+
+    connection = pika.BlockingConnection(pika.URLParameters(AMQP_URL))
+    channel: Any = connection.channel()  # the pika stubs want enums where pika takes strings
+    channel.exchange_declare(EXCHANGE, "topic", durable=True)
+    channel.queue_declare(QUEUE, durable=True)
+    channel.queue_bind(QUEUE, EXCHANGE, "bench.#")
+    channel.queue_purge(QUEUE)
+    connection.close()
+
+    def count() -> int:
+        connection = pika.BlockingConnection(pika.URLParameters(AMQP_URL))
+        try:
+            declared = connection.channel().queue_declare(QUEUE, durable=True, passive=True)
+            return int(declared.method.message_count or 0)
+        finally:
+            connection.close()
+
+    return count
+
+
+def reset_redis() -> Callable[[], int]:
+    import redis
+
+    client = redis.Redis.from_url(REDIS_URL)
+    client.delete("bench:bench.redis")
+    client.close()
+
+    def count() -> int:
+        client = redis.Redis.from_url(REDIS_URL)
+        try:
+            return int(client.xlen("bench:bench.redis"))
+        finally:
+            client.close()
+
+    return count
+
+
+def reset_nats() -> Callable[[], int]:
+    import nats
+    import nats.js.errors
+
+    async def delete() -> None:
+        nc = await nats.connect(NATS_URL)
+        try:
+            await nc.jetstream().delete_stream(STREAM)
+        except nats.js.errors.NotFoundError:
+            pass
+        finally:
+            await nc.close()
+
+    async def stored() -> int:
+        nc = await nats.connect(NATS_URL)
+        try:
+            return int((await nc.jetstream().stream_info(STREAM)).state.messages)
+        finally:
+            await nc.close()
+
+    asyncio.run(delete())
+    return lambda: asyncio.run(stored())
+
+
+RESETS: dict[str, Callable[[], Callable[[], int]]] = {
+    "rabbitmq": reset_rabbitmq,
+    "redis": reset_redis,
+    "nats": reset_nats,
+}
+
+# --- the run ----------------------------------------------------------------------------------------
+
+
+def fill(topic: str, count: int) -> None:
+    from django.db import connection
+
+    with connection.cursor() as cursor:
+        cursor.execute("TRUNCATE django_outbox_attempt, django_outbox_message")
+        cursor.execute(FILL, {"topic": topic, "count": count})
+        cursor.execute("VACUUM ANALYZE django_outbox_message")
+
+
+def relay_once(target: str, count: int) -> float:
+    from django.test import override_settings
+
+    from django_outbox.models import Message
+    from django_outbox.relay import Relay, RelayConfig
+    from django_outbox.routing import registry
+
+    topic = f"bench.{target}"
+    outbox: dict[str, Any] = {"MAX_ATTEMPTS": 5, "NOTIFY": False}
+    if target == "noop":
+        registry.register("bench.noop", lambda message: None)
+    else:
+        outbox["TRANSPORTS"] = {target: TRANSPORTS[target]}
+        outbox["ROUTES"] = {topic: target}
+    counter = RESETS[target]() if target in RESETS else None
+    fill(topic, count)
+    with override_settings(OUTBOX=outbox):
+        relay = Relay(RelayConfig.from_settings(until_empty=True, poll_interval=0.05, notify=False))
+        started = time.perf_counter()
+        relay.run()
+        elapsed = time.perf_counter() - started
+        delivered = Message.objects.filter(status=Message.Status.DELIVERED).count()
+    if delivered != count:
+        raise SystemExit(f"{target}: only {delivered} of {count} messages were delivered")
+    if counter is not None:
+        held = counter()
+        if held != count:
+            raise SystemExit(f"{target}: the broker holds {held} messages, expected {count}")
+    return count / elapsed
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--messages", type=int, default=20_000)
+    parser.add_argument("--rounds", type=int, default=3)
+    parser.add_argument("--json", type=Path, default=ROOT / "bench" / "results" / "brokers.json")
+    args = parser.parse_args()
+
+    ensure_database()
+    import django
+
+    django.setup()
+    from django.core.management import call_command
+    from django.db import connection
+
+    if connection.vendor != "postgresql":
+        raise SystemExit("run this benchmark on PostgreSQL (DATABASE_URL=postgres://...)")
+    call_command("migrate", verbosity=0)
+
+    targets = ["noop", "rabbitmq", "redis", "nats"]
+    rates: dict[str, list[float]] = {t: [] for t in targets}
+    for round_number in range(1, args.rounds + 1):
+        for target in targets:  # interleaved, so a slow moment on the machine hits every target
+            rate = relay_once(target, args.messages)
+            rates[target].append(rate)
+            print(f"round {round_number}: {target:<9} {rate:>8.0f} msg/s", flush=True)
+
+    baseline = statistics.median(rates["noop"])
+    rows: list[dict[str, Any]] = []
+    print(f"\n{'destination':<12} {'median msg/s':>12} {'vs no-op':>9}   rounds")
+    for target in targets:
+        median = statistics.median(rates[target])
+        ratio = median / baseline
+        rows.append(
+            {"destination": target, "median_rate": round(median), "ratio": round(ratio, 3), "rates": rates[target]}
+        )
+        print(f"{target:<12} {median:>12.0f} {ratio:>8.0%}   {', '.join(f'{r:.0f}' for r in rates[target])}")
+
+    args.json.parent.mkdir(parents=True, exist_ok=True)
+    args.json.write_text(
+        json.dumps(
+            {
+                "messages": args.messages,
+                "rounds": args.rounds,
+                "batch_size": 100,
+                "concurrency": 1,
+                "python": platform.python_version(),
+                "cpus": os.cpu_count(),
+                "results": rows,
+            },
+            indent=2,
+        )
+        + "\n"
+    )
+    print(f"\nwritten to {args.json}")
+    slow = [r["destination"] for r in rows if r["ratio"] < 0.5]
+    if slow:
+        print(f"below half the no-op rate: {', '.join(slow)}", file=sys.stderr)
+        return 1
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,201 @@
+"""NATS JetStream: publish with ``Nats-Msg-Id`` = message uuid and wait for the stream's PubAck.
+
+The server drops a second publish with the same ``Nats-Msg-Id`` inside the stream's duplicate window,
+so retries after a lost PubAck do not store the message twice. nats-py is asyncio; the worker is not.
+Each transport instance (one per worker thread) owns a private event loop and one connection, and runs
+the loop only while it delivers. Reconnecting is ours rather than the client's: its background
+reconnect would only make progress while the loop runs, so a lost connection is closed and the next
+batch connects afresh.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import dataclasses
+from collections.abc import Mapping, Sequence
+from typing import TYPE_CHECKING, Any, ClassVar
+
+from django.core.checks import CheckMessage
+
+from ..exceptions import MissingExtraError, TransientDeliveryError
+from .broker import BrokerTransport, combination_error, encode_payload, option, render, text_headers, url_error, wrap
+
+try:
+    import nats
+    import nats.errors
+    import nats.js.errors
+    from nats.aio.client import Client as NATSClient
+    from nats.js import JetStreamContext
+    from nats.js.api import StreamConfig
+except ImportError as exc:  # pragma: no cover - exercised in a subprocess by the tests
+    raise MissingExtraError(
+        package="nats-py", extra="nats", feature="django_outbox.transports.nats.NATSTransport"
+    ) from exc
+
+if TYPE_CHECKING:
+    from ..models import Message
+
+MSG_ID_HEADER = "Nats-Msg-Id"
+
+
+@dataclasses.dataclass(frozen=True, kw_only=True)
+class NATSOptions:
+    servers: str | tuple[str, ...] = option(kind=(str, list), items=str)
+    subject: str = option("{topic}", kind=str, template=True)
+    stream: str | None = option(None, kind=(str, type(None)))
+    create_stream: bool = option(False, kind=bool)
+    stream_subjects: tuple[str, ...] | None = option(None, kind=(list, type(None)), items=str)
+    duplicate_window: float = option(120.0, kind=float, minimum=0.1)
+    ack_timeout: float = option(10.0, kind=float, minimum=0.1)
+    connect_timeout: float = option(5.0, kind=float, minimum=0.1)
+
+
+class NATSTransport(BrokerTransport):
+    options_class: ClassVar[type] = NATSOptions
+
+    def __init__(self, *, name: str, options: Mapping[str, Any]) -> None:
+        super().__init__(name=name, options=options)
+        self.settings: NATSOptions
+        self._loop = asyncio.new_event_loop()
+        self._nc: NATSClient | None = None
+        self._js: JetStreamContext | None = None
+
+    @classmethod
+    def check_combination(cls, name: str, options: Mapping[str, Any]) -> list[CheckMessage]:
+        found: list[CheckMessage] = []
+        servers = options["SERVERS"]
+        for server in [servers] if isinstance(servers, str) else servers:
+            problem = url_error(name, "SERVERS", server, ("nats", "tls", "ws", "wss"))
+            if problem:
+                found.append(problem)
+        if options.get("CREATE_STREAM") and not (options.get("STREAM") and options.get("STREAM_SUBJECTS")):
+            found.append(
+                combination_error(
+                    name,
+                    "CREATE_STREAM needs STREAM (its name) and STREAM_SUBJECTS (the subjects it captures).",
+                    "Example: 'STREAM': 'OUTBOX', 'STREAM_SUBJECTS': ['orders.>'].",
+                )
+            )
+        return found
+
+    # --- delivery --------------------------------------------------------------------------------
+
+    def deliver(self, message: Message) -> None:
+        result = self.deliver_batch([message])[0]
+        if result is not None:
+            raise result
+
+    def deliver_batch(self, messages: Sequence[Message]) -> list[BaseException | None]:
+        try:
+            return self._loop.run_until_complete(self._publish(messages))
+        except Exception as exc:
+            self._loop.run_until_complete(self._disconnect())
+            return [wrap(exc, "publishing to NATS failed")] * len(messages)
+
+    async def _publish(self, messages: Sequence[Message]) -> list[BaseException | None]:
+        js = await self._connected()
+        settings = self.settings
+        subjects = [render(settings.subject, m) for m in messages]
+        futures: list[asyncio.Future[Any]] = []
+        for message, subject in zip(messages, subjects, strict=True):
+            headers = text_headers(message)
+            headers[MSG_ID_HEADER] = str(message.uuid)
+            futures.append(
+                await js.publish_async(subject, encode_payload(message), headers=headers, stream=settings.stream)
+            )
+        await asyncio.wait(futures, timeout=settings.ack_timeout)
+        results: list[BaseException | None] = []
+        lost = False
+        for future, subject in zip(futures, subjects, strict=True):
+            if not future.done():
+                future.cancel()
+                lost = True
+                results.append(TransientDeliveryError(f"no PubAck from NATS within {settings.ack_timeout}s"))
+            elif future.exception() is not None:
+                results.append(self._explain(future.exception(), subject))
+            else:
+                results.append(None)  # stored, or dropped by the server as a duplicate of a stored one
+        if lost:
+            await self._disconnect()
+        return results
+
+    def _explain(self, exc: BaseException | None, subject: str) -> BaseException:
+        assert exc is not None
+        if isinstance(exc, nats.js.errors.NoStreamResponseError):
+            error = TransientDeliveryError(
+                f"no JetStream stream captures subject {subject!r} (the server answered 'no responders'). "
+                "Create a stream whose subjects include it (e.g. nats stream add OUTBOX --subjects 'orders.>'), "
+                "or set OPTIONS 'CREATE_STREAM': True with 'STREAM' and 'STREAM_SUBJECTS'."
+            )
+            error.__cause__ = exc
+            return error
+        return wrap(exc, f"JetStream refused the publish to {subject!r}")
+
+    # --- connection ------------------------------------------------------------------------------
+
+    async def _connected(self) -> JetStreamContext:
+        nc = self._nc
+        if nc is not None and nc.is_connected and self._js is not None:
+            return self._js
+        await self._disconnect()
+        settings = self.settings
+        servers = [settings.servers] if isinstance(settings.servers, str) else list(settings.servers)
+        nc = NATSClient()
+        self._nc = nc  # before connecting, so a failed handshake's socket is closed by _disconnect()
+        await nc.connect(
+            servers=servers,
+            allow_reconnect=False,
+            connect_timeout=max(1, round(settings.connect_timeout)),
+            max_reconnect_attempts=0,
+            error_cb=self._ignore,
+            disconnected_cb=self._ignore_event,
+            closed_cb=self._ignore_event,
+        )
+        self._js = nc.jetstream(timeout=settings.ack_timeout)
+        if settings.create_stream:
+            await self._ensure_stream(self._js)
+        return self._js
+
+    async def _ensure_stream(self, js: JetStreamContext) -> None:
+        settings = self.settings
+        assert settings.stream is not None and settings.stream_subjects is not None
+        try:
+            await js.stream_info(settings.stream)
+        except nats.js.errors.NotFoundError:
+            await js.add_stream(
+                StreamConfig(
+                    name=settings.stream,
+                    subjects=list(settings.stream_subjects),
+                    duplicate_window=settings.duplicate_window,
+                )
+            )
+
+    async def _disconnect(self) -> None:
+        nc, self._nc, self._js = self._nc, None, None
+        if nc is None:
+            return
+        if not nc.is_closed:
+            try:
+                await nc.close()
+            except Exception:
+                pass
+        # let the socket's close callbacks run on this loop, which stops as soon as we return
+        for _ in range(3):
+            await asyncio.sleep(0)
+
+    @staticmethod
+    async def _ignore(exc: Exception) -> None:
+        """Connection errors surface as failed deliveries; the client's own report would only duplicate them."""
+
+    @staticmethod
+    async def _ignore_event() -> None:
+        pass
+
+    def close(self) -> None:
+        if self._loop.is_closed():
+            return
+        try:
+            self._loop.run_until_complete(self._disconnect())
+            self._loop.run_until_complete(self._loop.shutdown_asyncgens())
+        finally:
+            self._loop.close()

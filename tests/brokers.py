@@ -1,0 +1,204 @@
+"""Shared by the broker tests: sending a keyed batch, running the real relay, a TCP proxy that can fail."""
+
+from __future__ import annotations
+
+import contextlib
+import secrets
+import socket
+import threading
+from collections import defaultdict
+from collections.abc import Iterator, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+from django.db import transaction
+from django.test import override_settings
+
+from django_outbox import outbox
+from django_outbox.models import Attempt, Message
+from django_outbox.relay import Relay, RelayConfig
+
+KEYS = ("k0", "k1", "k2", "k3", "k4")
+
+
+def unique_prefix() -> str:
+    """A topic prefix of its own per test, so nothing left in a broker by an earlier run interferes."""
+    return f"t{secrets.token_hex(4)}"
+
+
+def send_many(topic: str, count: int, *, start: int = 0) -> list[Message]:
+    """``count`` messages over a few keys, each with a user header and an idempotency key."""
+    with transaction.atomic():
+        return [
+            outbox.send(
+                topic,
+                {"n": n, "key": KEYS[n % len(KEYS)], "price": "9.99", "tags": ["a", "b"]},
+                key=KEYS[n % len(KEYS)],
+                idempotency_key=f"{topic}:{n}",
+                headers={"trace": f"trace-{n}", "tenant": "7"},
+            )
+            for n in range(start, start + count)
+        ]
+
+
+def relay_until_empty(**overrides: Any) -> Relay:
+    """The worker's loop, threads and all, until nothing is due now (``outbox_worker --until-empty``)."""
+    relay = Relay(RelayConfig.from_settings(until_empty=True, poll_interval=0.05, notify=False, **overrides))
+    relay.run()
+    return relay
+
+
+@contextlib.contextmanager
+def running_relay(**overrides: Any) -> Iterator[Relay]:
+    """A worker that keeps running (and polling) in a background thread until the block ends."""
+    relay = Relay(RelayConfig.from_settings(poll_interval=0.05, notify=False, grace_period=5, **overrides))
+    thread = threading.Thread(target=relay.run, name="test-relay", daemon=True)
+    thread.start()
+    try:
+        yield relay
+    finally:
+        relay.stop()
+        thread.join(timeout=30)
+        assert not thread.is_alive(), "the relay did not stop"
+
+
+def outbox_settings(name: str, backend: str, options: dict[str, Any], pattern: str) -> override_settings:
+    return override_settings(
+        OUTBOX={
+            "MAX_ATTEMPTS": 100,
+            "BACKOFF_BASE_SECONDS": 0.05,
+            "BACKOFF_MAX_SECONDS": 0.3,
+            "POLL_INTERVAL_SECONDS": 0.05,
+            "TRANSPORTS": {name: {"BACKEND": backend, "OPTIONS": options}},
+            "ROUTES": {pattern: name},
+        }
+    )
+
+
+def count_status(status: str) -> int:
+    return Message.objects.filter(status=status).count()
+
+
+def failed_attempts() -> int:
+    return Attempt.objects.filter(outcome=Attempt.Outcome.FAILED).count()
+
+
+@dataclass(frozen=True, kw_only=True)
+class Received:
+    """One message as a consumer read it from the broker, with that broker's own client."""
+
+    message_id: str
+    payload: dict[str, Any]
+    key: str | None
+    idempotency_key: str | None
+    headers: dict[str, Any]
+
+
+def assert_all_received(
+    sent: Sequence[Message], received: Sequence[Received], *, once: bool = True, in_order: bool = True
+) -> None:
+    """Every sent message arrived with its id, key, idempotency key, user headers and payload.
+
+    ``once``: and none twice. ``in_order``: and, per key, in the order sent (the relay keeps that order
+    while no attempt fails; retries with jittered backoff may reorder).
+    """
+    by_id = {str(m.uuid): m for m in sent}
+    received_ids = [r.message_id for r in received]
+    missing = set(by_id) - set(received_ids)
+    assert not missing, f"{len(missing)} of {len(sent)} messages never arrived, e.g. {sorted(missing)[:3]}"
+    strangers = set(received_ids) - set(by_id)
+    assert not strangers, f"unexpected messages arrived: {sorted(strangers)[:3]}"
+    for r in received:
+        m = by_id[r.message_id]
+        assert r.payload == m.payload
+        assert r.key == m.key
+        assert r.idempotency_key == m.idempotency_key
+        assert r.headers["trace"] == m.headers["trace"]
+        assert r.headers["tenant"] == "7"
+    if once:
+        assert len(received_ids) == len(set(received_ids)), "a message arrived twice"
+    if in_order:
+        order: dict[str | None, list[int]] = defaultdict(list)
+        for r in received:
+            order[r.key].append(r.payload["n"])
+        for key, numbers in order.items():
+            assert numbers == sorted(numbers), f"messages of key {key!r} arrived out of order"
+
+
+class FlakyProxy:
+    """A TCP proxy on loopback in front of a broker; ``down()`` cuts every connection and refuses new ones.
+
+    Refusing means accepting and closing at once, so the port stays ours while the "broker" is away.
+    """
+
+    def __init__(self, target_host: str, target_port: int) -> None:
+        self.target = (target_host, target_port)
+        self._listener = socket.create_server(("127.0.0.1", 0))
+        self.port = self._listener.getsockname()[1]
+        self._up = threading.Event()
+        self._up.set()
+        self._closed = False
+        self._sockets: set[socket.socket] = set()
+        self._lock = threading.Lock()
+        self._thread = threading.Thread(target=self._accept, name="flaky-proxy", daemon=True)
+        self._thread.start()
+
+    def down(self) -> None:
+        self._up.clear()
+        self._drop_all()
+
+    def up(self) -> None:
+        self._up.set()
+
+    def close(self) -> None:
+        self._closed = True
+        self._drop_all()
+        with contextlib.suppress(OSError):
+            self._listener.shutdown(socket.SHUT_RDWR)
+        self._listener.close()
+        self._thread.join(timeout=5)
+
+    def _drop_all(self) -> None:
+        with self._lock:
+            sockets, self._sockets = self._sockets, set()
+        for sock in sockets:
+            with contextlib.suppress(OSError):
+                sock.shutdown(socket.SHUT_RDWR)
+            sock.close()
+
+    def _accept(self) -> None:
+        while not self._closed:
+            try:
+                client, _ = self._listener.accept()
+            except OSError:
+                return
+            if not self._up.is_set():
+                client.close()
+                continue
+            try:
+                upstream = socket.create_connection(self.target, timeout=5)
+            except OSError:
+                client.close()
+                continue
+            upstream.settimeout(None)
+            with self._lock:
+                self._sockets.update((client, upstream))
+            for source, sink in ((client, upstream), (upstream, client)):
+                threading.Thread(target=self._pipe, args=(source, sink), daemon=True).start()
+
+    def _pipe(self, source: socket.socket, sink: socket.socket) -> None:
+        try:
+            while True:
+                data = source.recv(65536)
+                if not data:
+                    break
+                sink.sendall(data)
+        except OSError:
+            pass
+        finally:
+            for sock in (source, sink):
+                with self._lock:
+                    self._sockets.discard(sock)
+                with contextlib.suppress(OSError):
+                    sock.shutdown(socket.SHUT_RDWR)
+                sock.close()
