@@ -115,6 +115,7 @@ class Relay:
         self._done = threading.Event()
         self._threads: list[threading.Thread] = []
         self.listener: Listener | None = None
+        self.crashed = False
         self.started_at = timezone.now()
 
     # --- control ---------------------------------------------------------------------------------
@@ -236,6 +237,12 @@ class Relay:
                 except DatabaseError as exc:
                     failures += 1
                     self._database_down(exc, failures)
+        except Exception:
+            # A bug or a broken configuration, not an outage: stop the whole worker loudly rather than
+            # leave a process that looks alive and relays nothing. Leased messages return via the reaper.
+            logger.exception("delivery thread crashed; stopping the worker")
+            self.crashed = True
+            self.stop()
         finally:
             transports.close()
             connections.close_all()

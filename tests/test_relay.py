@@ -234,3 +234,24 @@ def test_relay_all_helper_delivers_inside_a_test_transaction(handler):
     stats = relay_all()
     assert stats.delivered == 2
     assert seen == [{"a": 1}, {"a": 2}]
+
+
+def test_a_crashing_delivery_thread_stops_the_worker_with_an_error(monkeypatch):
+    from django.core.management import CommandError, call_command
+
+    def broken_claim(*args, **kwargs):
+        raise RuntimeError("a bug in the claim")
+
+    monkeypatch.setattr(store, "claim", broken_claim)
+    with pytest.raises(CommandError, match="unexpected error"):
+        call_command("outbox_worker", "--until-empty", verbosity=0)
+
+
+def test_worker_command_restores_signal_handlers(handler):
+    import signal
+
+    from django.core.management import call_command
+
+    before = signal.getsignal(signal.SIGTERM)
+    call_command("outbox_worker", "--until-empty", verbosity=0)
+    assert signal.getsignal(signal.SIGTERM) is before

@@ -68,14 +68,22 @@ class Command(BaseCommand):
             until_empty=options["until_empty"] or None,
         )
         relay = Relay(config)
-        self._install_signal_handlers(relay)
-        verbosity = options["verbosity"]
+        previous = self._install_signal_handlers(relay)
+        try:
+            self._run(relay, config, options["verbosity"])
+        finally:
+            for signum, handler in previous.items():
+                signal.signal(signum, handler)
+
+    def _run(self, relay: Relay, config: RelayConfig, verbosity: int) -> None:
         if verbosity >= 1:
             self.stdout.write(
                 f"outbox worker {config.worker_id} relaying from database {config.database!r} "
                 f"({'until empty' if config.until_empty else 'Ctrl-C to stop'})"
             )
         relay.run(progress=self._progress if verbosity >= 1 else None)
+        if relay.crashed:
+            raise CommandError("the worker stopped after an unexpected error (see the log above)")
         if relay.stats.in_flight:
             raise CommandError("stopped with deliveries still in progress; their leases will expire")
 
@@ -90,7 +98,7 @@ class Command(BaseCommand):
         else:
             self.stdout.write(line)
 
-    def _install_signal_handlers(self, relay: Relay) -> None:
+    def _install_signal_handlers(self, relay: Relay) -> dict[int, Any]:
         def handle(signum: int, frame: FrameType | None) -> None:
             if relay.stopping:
                 sys.stderr.write("second signal: stopping without waiting for deliveries in progress\n")
@@ -102,8 +110,10 @@ class Command(BaseCommand):
                 )
                 relay.stop()
 
+        previous: dict[int, Any] = {}
         try:
-            signal.signal(signal.SIGTERM, handle)
-            signal.signal(signal.SIGINT, handle)
+            for signum in (signal.SIGTERM, signal.SIGINT):
+                previous[signum] = signal.signal(signum, handle)
         except ValueError:  # not the main thread (e.g. call_command from a test thread)
             pass
+        return previous
