@@ -2,6 +2,7 @@
 
 from pathlib import Path
 
+import django
 import environ
 
 BASE_DIR = Path(__file__).resolve().parent.parent
@@ -65,11 +66,41 @@ TIME_ZONE = "UTC"
 LANGUAGE_CODE = "en-us"
 STATIC_URL = "static/"
 
+# The shop sends its order events to its own webhook endpoint (as another service would receive them),
+# emails through the outbox, and handles cancellations with a local handler (shop/outbox.py).
+SHOP_WEBHOOK_SECRET = env("SHOP_WEBHOOK_SECRET", default="whsec_ZGVtby13ZWJob29rLXNlY3JldC1ub3QtZm9yLXByb2R1Y3Rpb24=")
+SHOP_WEBHOOK_URL = env("SHOP_WEBHOOK_URL", default="http://127.0.0.1:8000/webhooks/orders/")
+EMAIL_FILE_PATH = env("EMAIL_FILE_PATH", default=str(BASE_DIR / "demo-mail"))
+DEFAULT_FROM_EMAIL = "shop@example.com"
+_REAL_EMAIL_BACKEND = env("REAL_EMAIL_BACKEND", default="django.core.mail.backends.filebased.EmailBackend")
+
 OUTBOX = {
     "MAX_ATTEMPTS": env.int("OUTBOX_MAX_ATTEMPTS", default=5),
     "BACKOFF_BASE_SECONDS": env.float("OUTBOX_BACKOFF_BASE_SECONDS", default=1.0),
     "POLL_INTERVAL_SECONDS": env.float("OUTBOX_POLL_INTERVAL_SECONDS", default=1.0),
+    "TRANSPORTS": {
+        "shop-webhooks": {
+            "BACKEND": "django_outbox.transports.webhook.WebhookTransport",
+            "OPTIONS": {
+                "URL": SHOP_WEBHOOK_URL,
+                "SECRET": SHOP_WEBHOOK_SECRET,
+                "TIMEOUT": 10,
+                # The demo posts to itself on loopback, which the SSRF guard refuses unless allowed.
+                "ALLOWED_HOSTS": ["127.0.0.1", "localhost"],
+            },
+        },
+    },
+    "ROUTES": {"orders.created": "shop-webhooks"},
 }
+if django.VERSION >= (6, 1):
+    MAILERS = {
+        "default": {"BACKEND": "django_outbox.mail.EmailBackend"},
+        "real": {"BACKEND": _REAL_EMAIL_BACKEND},
+    }
+    OUTBOX["EMAIL_MAILER"] = "real"
+else:
+    EMAIL_BACKEND = "django_outbox.mail.EmailBackend"
+    OUTBOX["EMAIL_BACKEND"] = _REAL_EMAIL_BACKEND
 
 LOGGING = {
     "version": 1,
@@ -80,4 +111,3 @@ LOGGING = {
 }
 
 # The Standard Webhooks secret the shop's webhook consumer verifies (shop/webhooks.py).
-SHOP_WEBHOOK_SECRET = env("SHOP_WEBHOOK_SECRET", default="whsec_ZGVtby13ZWJob29rLXNlY3JldC1ub3QtZm9yLXByb2R1Y3Rpb24=")
