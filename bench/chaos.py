@@ -602,7 +602,12 @@ def main() -> None:
         raise KeyboardInterrupt(signal.Signals(signum).name)
 
     signal.signal(signal.SIGTERM, interrupted)
-    sys.exit(chaos(args))
+    try:
+        code = chaos(args)
+    except KeyboardInterrupt:
+        log("interrupted: workers, producers and the private PostgreSQL were stopped and removed")
+        code = 130
+    sys.exit(code)
 
 
 if __name__ == "__main__":
