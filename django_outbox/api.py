@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import datetime as dt
 import json
+import math
+import re
 import uuid
 from collections.abc import Callable, Mapping
 from typing import TYPE_CHECKING, Any, TypeVar
@@ -22,6 +24,11 @@ if TYPE_CHECKING:
     from .models import Message
 
 H = TypeVar("H", bound=Handler)
+
+#: ``max_attempts`` and ``attempts`` are 32-bit integer columns on PostgreSQL.
+MAX_ATTEMPTS_LIMIT = 2**31 - 1
+#: The ``\u0000`` escape json.dumps writes for NUL, not the text "\\u0000" (whose backslash it doubles).
+_NUL = re.compile(r"(?<!\\)(?:\\\\)*\\u0000")
 
 
 def _check_name(what: str, value: object, max_length: int, *, optional: bool) -> str | None:
@@ -50,11 +57,19 @@ def _encode(what: str, value: object) -> str:
         raise TypeError(
             f"outbox.send(): {what} must be JSON-serialisable: {exc} (NaN and infinity are not JSON)."
         ) from exc
-    if "\\u0000" in encoded:
+    if "\\u0000" in encoded and _NUL.search(encoded):
         raise ValueError(
             f"outbox.send(): {what} contains a NUL character (\\u0000), which databases "
             "cannot store in JSON. Remove it or encode the data (e.g. base64)."
         )
+    if "\\ud" in encoded:  # a UTF-16 surrogate escape: fine in a pair (emoji), refused alone by PostgreSQL
+        try:
+            json.dumps(value, cls=DjangoJSONEncoder, ensure_ascii=False).encode()
+        except UnicodeEncodeError as exc:
+            raise ValueError(
+                f"outbox.send(): {what} contains a lone UTF-16 surrogate ({exc.object[exc.start : exc.end]!r}), "
+                "which is not valid Unicode and which PostgreSQL refuses in JSON. Fix how the text was decoded."
+            ) from exc
     return encoded
 
 
@@ -70,9 +85,12 @@ def _available_at(delay: object, available_at: object, now: dt.datetime) -> dt.d
             raise TypeError(
                 f"outbox.send(): delay must be a timedelta or a number of seconds, not {type(delay).__name__}."
             )
-        if seconds < 0:
-            raise ValueError(f"outbox.send(): delay must not be negative, got {delay!r}.")
-        return now + dt.timedelta(seconds=seconds)
+        if not math.isfinite(seconds) or seconds < 0:
+            raise ValueError(f"outbox.send(): delay must be a finite, non-negative number of seconds, got {delay!r}.")
+        try:
+            return now + dt.timedelta(seconds=seconds)
+        except OverflowError as exc:
+            raise ValueError(f"outbox.send(): delay {delay!r} reaches past the year 9999.") from exc
     if available_at is not None:
         if not isinstance(available_at, dt.datetime):
             raise TypeError(f"outbox.send(): available_at must be a datetime, not {type(available_at).__name__}.")
@@ -117,7 +135,11 @@ class Outbox:
             raise TypeError("outbox.send(): headers must be a dict of str to str.")
         if max_attempts is None:
             max_attempts = conf.MAX_ATTEMPTS
-        elif isinstance(max_attempts, bool) or not isinstance(max_attempts, int) or max_attempts < 1:
+        elif (
+            isinstance(max_attempts, bool)
+            or not isinstance(max_attempts, int)
+            or not 1 <= max_attempts <= MAX_ATTEMPTS_LIMIT
+        ):
             raise ValueError(f"outbox.send(): max_attempts must be a positive integer, got {max_attempts!r}.")
         alias = conf.DATABASE if using is None else using
         if alias not in django_settings.DATABASES:

@@ -60,6 +60,8 @@ class OutboxSettings:
     INBOX_RETENTION: dt.timedelta = dt.timedelta(days=7)
     #: How long a stored ``Idempotency-Key`` response is replayed (Stripe keeps keys for 24 hours).
     IDEMPOTENCY_KEY_TTL: dt.timedelta = dt.timedelta(hours=24)
+    #: Longest a delivery call (a handler, or one call to a transport) may run; None: no limit.
+    HANDLER_TIMEOUT_SECONDS: float | None = None
 
 
 @dataclass(frozen=True, slots=True)
@@ -182,6 +184,19 @@ def _parse(raw: object) -> tuple[OutboxSettings, list[Problem]]:
                 )
             else:
                 values[name] = duration
+
+    if raw.get("HANDLER_TIMEOUT_SECONDS") is not None:
+        timeout = raw["HANDLER_TIMEOUT_SECONDS"]
+        if isinstance(timeout, bool) or not isinstance(timeout, int | float) or not 0 < timeout < float("inf"):
+            problems.append(
+                Problem(
+                    "django_outbox.E090",
+                    f"OUTBOX['HANDLER_TIMEOUT_SECONDS'] must be a positive number of seconds or None, not {timeout!r}.",
+                    "Example: 30. Use None (the default) for no limit.",
+                )
+            )
+        else:
+            values["HANDLER_TIMEOUT_SECONDS"] = float(timeout)
 
     transports, transport_problems = _parse_transports(raw.get("TRANSPORTS", {}))
     problems += transport_problems

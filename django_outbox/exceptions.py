@@ -35,6 +35,10 @@ class TransientDeliveryError(DeliveryError):
     """The destination may accept the message later: a timeout, a 503, a broker that is down."""
 
 
+class DeliveryTimeoutError(TransientDeliveryError):
+    """A delivery call ran past ``OUTBOX["HANDLER_TIMEOUT_SECONDS"]`` and was abandoned (it may still finish)."""
+
+
 class PermanentDeliveryError(DeliveryError):
     """Retrying cannot help (a 4xx, an address that does not exist): the message goes ``dead`` at once."""
 

@@ -30,6 +30,7 @@ from .conf import get_settings
 from .exceptions import DeliveryError, PermanentDeliveryError
 from .models import Message
 from .routing import resolve_transport
+from .timeouts import BoundedCaller
 from .transports.registry import TransportSet
 from .wakeup import Listener
 
@@ -53,6 +54,7 @@ class RelayConfig:
     until_empty: bool = False
     grace_period: float = 30.0
     notify: bool = True
+    handler_timeout: float | None = None  # seconds a delivery call may take; None: no limit
     worker_id: str = field(default_factory=new_worker_id)
 
     @classmethod
@@ -66,6 +68,7 @@ class RelayConfig:
             "poll_interval": conf.POLL_INTERVAL_SECONDS,
             "grace_period": conf.GRACE_PERIOD_SECONDS,
             "notify": conf.NOTIFY,
+            "handler_timeout": conf.HANDLER_TIMEOUT_SECONDS,
         }
         values.update({k: v for k, v in overrides.items() if v is not None})
         return cls(**values)  # type: ignore[arg-type]
@@ -117,6 +120,7 @@ class Relay:
         self.listener: Listener | None = None
         self.crashed = False
         self.started_at = timezone.now()
+        self._local = threading.local()  # each delivery thread's BoundedCaller, with a handler timeout
 
     # --- control ---------------------------------------------------------------------------------
 
@@ -199,10 +203,12 @@ class Relay:
         For tests and scripts: it sees what the caller's own transaction sees.
         """
         transports = TransportSet()
+        self._local.direct = True  # handlers must run here, on the caller's connection: no timeout thread
         try:
             while self._cycle(transports):
                 pass
         finally:
+            self._close_caller()
             transports.close()
         return self.stats
 
@@ -244,6 +250,7 @@ class Relay:
             self.crashed = True
             self.stop()
         finally:
+            self._close_caller()
             transports.close()
             connections.close_all()
 
@@ -319,11 +326,18 @@ class Relay:
         results: Sequence[BaseException | None]
         try:
             transport = transports.get(resolve_transport(group[0].topic))
-            if len(group) == 1:
-                transport.deliver(group[0])
-                results = [None]
-            else:
-                results = transport.deliver_batch(group)
+
+            def call() -> Sequence[BaseException | None]:
+                if len(group) == 1:
+                    transport.deliver(group[0])
+                    return [None]
+                return transport.deliver_batch(group)
+
+            caller = self._caller()
+            if caller is None:
+                results = call()
+            else:  # a hung call leaves its transports to its abandoned thread, which closes them
+                results = caller.call(call, on_timeout=lambda: transports.detach().close)
         except Exception as exc:
             results = [exc] * len(group)
         finished = timezone.now()
@@ -335,6 +349,21 @@ class Relay:
             else self._failure(m, result, started)
             for m, result in zip(group, results, strict=True)
         ]
+
+    def _caller(self) -> BoundedCaller | None:
+        timeout = self.config.handler_timeout
+        if timeout is None or getattr(self._local, "direct", False):
+            return None
+        caller: BoundedCaller | None = getattr(self._local, "caller", None)
+        if caller is None:
+            caller = self._local.caller = BoundedCaller(timeout, name=threading.current_thread().name)
+        return caller
+
+    def _close_caller(self) -> None:
+        caller: BoundedCaller | None = getattr(self._local, "caller", None)
+        if caller is not None:
+            caller.close()
+            self._local.caller = None
 
     def _failure(self, message: Message, exc: BaseException, started: dt.datetime) -> store.Outcome:
         conf = get_settings()

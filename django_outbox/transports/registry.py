@@ -39,6 +39,12 @@ class TransportSet:
             self._open[name] = transport
         return transport
 
+    def detach(self) -> TransportSet:
+        """Hand the open transports over to a new set and start afresh (after a call on them hung)."""
+        stale = TransportSet()
+        stale._open, self._open = self._open, {}
+        return stale
+
     def close(self) -> None:
         for name, transport in self._open.items():
             try:

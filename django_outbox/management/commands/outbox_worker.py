@@ -55,6 +55,12 @@ class Command(BaseCommand):
             metavar="SECONDS",
             help="Longest sleep between looks at the table when no wake-up arrives.",
         )
+        parser.add_argument(
+            "--handler-timeout",
+            type=_positive_float,
+            metavar="SECONDS",
+            help="Give up on a delivery call after this long (default OUTBOX['HANDLER_TIMEOUT_SECONDS']: no limit).",
+        )
         parser.add_argument("--database", help="Database alias holding the outbox (default OUTBOX['DATABASE']).")
 
     def handle(self, *args: Any, **options: Any) -> None:
@@ -66,6 +72,7 @@ class Command(BaseCommand):
             lease_seconds=options["lease"],
             poll_interval=options["poll_interval"],
             until_empty=options["until_empty"] or None,
+            handler_timeout=options["handler_timeout"],
         )
         relay = Relay(config)
         previous = self._install_signal_handlers(relay)

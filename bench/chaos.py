@@ -1,0 +1,614 @@
+"""Fault injection: many producers and workers, killed workers, a database restart, a broker outage.
+
+    python bench/chaos.py [--quick] [--messages 20000] [--duration 60] [--broker redis]
+
+Runs on a private PostgreSQL cluster that it creates (initdb in a temporary directory, its own port,
+run as the ``postgres`` user when started as root), restarts once mid-run with ``pg_ctl restart -m
+immediate``, and removes at the end, also after a failure or Ctrl-C. The shared server is never touched.
+
+Producer processes send ``--messages`` messages over ``--duration`` seconds, in transactions of ten, each
+with an idempotency key: a transaction that fails (the database restarts) is retried with the same keys,
+so a commit whose outcome was unknown is never doubled, and "sent" counts exactly the committed keys.
+One transaction in twenty sends and then rolls back, to show it leaves nothing. Among the messages,
+"poison" ones always fail (``max_attempts=3``) and "hung" ones sleep 600 s (``max_attempts=2``, bounded by
+``HANDLER_TIMEOUT_SECONDS=2``): those, and only those, must end dead. The rest fail 10% of attempts at
+random, and must all be delivered. The probe handler (tests/probe) records each delivery with its
+attempt number; with ``--broker redis``, a quarter of the messages go to a Redis stream through a TCP
+proxy that is cut for 10 s, and the stream is read back.
+
+Four ``manage.py outbox_worker`` processes relay; every few seconds one is killed with SIGKILL and
+replaced. At the end it prints sent, delivered, dead, lost, duplicates (each explained by an attempt
+in the audit log that was abandoned, lost its lease, timed out or failed after the destination had it),
+kills, restarts and wall time, and exits 1 if anything was lost, a duplicate is unexplained, a
+rolled-back message exists, or a message that should have been delivered is dead.
+"""
+
+from __future__ import annotations
+
+import argparse
+import collections
+import contextlib
+import glob
+import json
+import os
+import random
+import secrets
+import shutil
+import signal
+import socket
+import subprocess
+import sys
+import tempfile
+import time
+from collections.abc import Iterator, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT))
+
+SETTINGS = "bench.chaos_settings"
+KEY_PREFIX = "chaos-"
+TOPIC = "probe.chaos"
+BROKER_TOPIC = "chaos.broker"
+BATCH = 10
+POISON_EVERY = 500  # one message in 500 always fails
+HUNG_EVERY = 2000  # one in 2000 hangs for longer than the run
+ROLLBACK_RATE = 0.05
+FAIL_RATE = 0.1
+MAX_ATTEMPTS = 25  # a normal message failing 25 times at 10% would be a 1e-25 event
+LEASE = "2"
+HANDLER_TIMEOUT = "2"
+HANDLER_SLEEP = 0.005  # a delivery takes a little while, so a killed worker is often caught mid-batch
+WORKER_OPTIONS = (
+    "--lease",
+    LEASE,
+    "--batch-size",
+    "50",
+    "--poll-interval",
+    "0.5",
+    "--handler-timeout",
+    HANDLER_TIMEOUT,
+)
+
+
+def log(text: str) -> None:
+    print(f"[chaos {time.strftime('%H:%M:%S')}] {text}", flush=True)
+
+
+# --- the private PostgreSQL cluster --------------------------------------------------------------
+
+
+def _free_port(preferred: int) -> int:
+    for port in [preferred, *range(preferred + 1, preferred + 50)]:
+        with socket.socket() as sock:
+            try:
+                sock.bind(("127.0.0.1", port))
+            except OSError:
+                continue
+            return int(port)
+    raise RuntimeError(f"no free port near {preferred}")
+
+
+def _pg_bindir() -> Path:
+    found = sorted(glob.glob("/usr/lib/postgresql/*/bin/pg_ctl"), key=lambda p: int(Path(p).parts[-3]))
+    if found:
+        return Path(found[-1]).parent
+    pg_ctl = shutil.which("pg_ctl")
+    if pg_ctl is None:
+        sys.exit("chaos: pg_ctl not found (looked in /usr/lib/postgresql/*/bin and PATH); install PostgreSQL")
+    return Path(pg_ctl).parent
+
+
+class PrivateCluster:
+    """A throw-away PostgreSQL server for one run; never the shared one on 5432."""
+
+    def __init__(self, port: int) -> None:
+        self.bindir = _pg_bindir()
+        self.dir = Path(tempfile.mkdtemp(prefix="outbox-chaos-pg-"))
+        self.data = self.dir / "data"
+        self.logfile = self.dir / "postgres.log"
+        self.port = _free_port(port)
+        self.as_root = os.geteuid() == 0
+        self.started = False
+
+    @property
+    def url(self) -> str:
+        return f"postgres://postgres@127.0.0.1:{self.port}/postgres"
+
+    def _run(self, *args: str, timeout: float = 120) -> None:
+        command = [str(self.bindir / args[0]), *args[1:]]
+        if self.as_root:  # PostgreSQL refuses to run as root
+            command = ["runuser", "-u", "postgres", "--", *command]
+        result = subprocess.run(command, capture_output=True, text=True, timeout=timeout)
+        if result.returncode != 0:
+            raise RuntimeError(f"{' '.join(args[:2])} failed: {result.stdout}{result.stderr}")
+
+    def start(self) -> None:
+        if self.as_root:
+            shutil.chown(self.dir, "postgres", "postgres")
+        self._run("initdb", "-D", str(self.data), "-U", "postgres", "-A", "trust", "-E", "UTF8", "--no-sync")
+        options = (
+            f"-p {self.port} -k {self.dir} -c listen_addresses=127.0.0.1 -c max_connections=200 -c fsync=off"
+            " -c full_page_writes=off"
+        )
+        self._run("pg_ctl", "-D", str(self.data), "-l", str(self.logfile), "-o", options, "-w", "-t", "60", "start")
+        self.started = True
+
+    def restart(self) -> None:
+        """Like a crash: every connection drops at once, then recovery from the WAL."""
+        self._run("pg_ctl", "-D", str(self.data), "-l", str(self.logfile), "-m", "immediate", "-w", "restart")
+
+    def remove(self) -> None:
+        if self.started:
+            with contextlib.suppress(Exception):
+                self._run("pg_ctl", "-D", str(self.data), "-m", "immediate", "-w", "stop", timeout=60)
+        shutil.rmtree(self.dir, ignore_errors=True)
+
+
+# --- producers (a subprocess each) ---------------------------------------------------------------
+
+
+def payload_for(n: int) -> tuple[dict[str, Any], int]:
+    if n % HUNG_EVERY == HUNG_EVERY - 1:
+        return {"n": n, "kind": "hung", "sleep": 600}, 2
+    if n % POISON_EVERY == POISON_EVERY - 1:
+        return {"n": n, "kind": "poison", "always_fail": True}, 3
+    return {"n": n, "kind": "normal", "fail_rate": FAIL_RATE, "sleep": HANDLER_SLEEP}, MAX_ATTEMPTS
+
+
+def produce(producer: int, count: int, duration: float, broker_share: float, out: Path) -> None:
+    import django
+
+    django.setup()
+    from django.db import DatabaseError, connection, transaction
+
+    from django_outbox import outbox
+    from django_outbox.models import Message
+
+    class Rollback(Exception):
+        pass
+
+    rng = random.Random(producer)
+    stats = collections.Counter[str]()
+    committed: list[str] = []
+    rolled_back: list[str] = []
+    started = time.monotonic()
+
+    def send_batch(keys: Sequence[str], numbers: Sequence[int], *, rollback: bool) -> None:
+        with transaction.atomic():
+            for key, n in zip(keys, numbers, strict=True):
+                payload, attempts = payload_for(n)
+                topic = BROKER_TOPIC if payload["kind"] == "normal" and rng.random() < broker_share else TOPIC
+                outbox.send(topic, payload, key=f"k{n % 50}", idempotency_key=key, max_attempts=attempts)
+            if rollback:
+                raise Rollback
+
+    n = 0
+    while n < count:
+        numbers = list(range(n, min(n + BATCH, count)))
+        keys = [f"{KEY_PREFIX}{producer}-{i}" for i in numbers]
+        if rng.random() < ROLLBACK_RATE:  # a view that fails after send(): these keys are never retried
+            with contextlib.suppress(Rollback, DatabaseError):
+                send_batch([f"{KEY_PREFIX}rollback-{producer}-{i}" for i in numbers], numbers, rollback=True)
+            rolled_back += [f"{KEY_PREFIX}rollback-{producer}-{i}" for i in numbers]
+            stats["rollbacks"] += 1
+        while True:
+            try:
+                send_batch(keys, numbers, rollback=False)
+                break
+            except DatabaseError:
+                stats["transaction_retries"] += 1
+                with contextlib.suppress(DatabaseError):
+                    connection.close()
+                time.sleep(0.2)
+                # Did it commit after all (the connection dropped during COMMIT)? Resending is safe either
+                # way, as the idempotency keys make a second send of a committed message write nothing.
+                with contextlib.suppress(DatabaseError):
+                    if Message.objects.filter(idempotency_key__in=keys).count() == len(keys):
+                        stats["commit_outcome_unknown_but_committed"] += 1
+                        break
+        committed += keys
+        n += len(numbers)
+        ahead = started + duration * n / count - time.monotonic()  # pace the sends over the duration
+        if ahead > 0:
+            time.sleep(ahead)
+    out.write_text(json.dumps({"committed": committed, "rolled_back": rolled_back, "stats": stats}))
+
+
+# --- the run ------------------------------------------------------------------------------------
+
+
+@dataclass
+class Run:
+    args: argparse.Namespace
+    cluster: PrivateCluster
+    workdir: Path
+    env: dict[str, str]
+    workers: list[subprocess.Popen[bytes]] = field(default_factory=list)
+    producers: list[subprocess.Popen[bytes]] = field(default_factory=list)
+    kills: int = 0
+    restarts: int = 0
+    db_restarts: int = 0
+    broker_outages: int = 0
+    worker_serial: int = 0
+
+    def start_worker(self) -> None:
+        self.worker_serial += 1
+        with open(self.workdir / f"worker-{self.worker_serial}.log", "wb") as logfile:  # the child keeps a copy
+            self.workers.append(
+                subprocess.Popen(
+                    [sys.executable, str(ROOT / "manage.py"), "outbox_worker", *WORKER_OPTIONS],
+                    cwd=ROOT,
+                    env=self.env,
+                    stdout=logfile,
+                    stderr=subprocess.STDOUT,
+                )
+            )
+
+    def kill_random_worker(self) -> None:
+        """SIGKILL a worker, preferring one that holds claimed messages right now, and start another."""
+        busy = _busy_pids()
+        victim = random.choice([w for w in self.workers if w.pid in busy] or self.workers)
+        victim.send_signal(signal.SIGKILL)
+        victim.wait(timeout=30)
+        self.workers.remove(victim)
+        self.kills += 1
+        self.start_worker()
+        self.restarts += 1
+
+    def stop_all(self) -> None:
+        for proc in self.workers + self.producers:
+            if proc.poll() is None:
+                proc.send_signal(signal.SIGTERM)
+        deadline = time.monotonic() + 20
+        for proc in self.workers + self.producers:
+            try:
+                proc.wait(timeout=max(0.1, deadline - time.monotonic()))
+            except subprocess.TimeoutExpired:
+                proc.kill()
+                proc.wait(timeout=10)
+
+
+def _busy_pids() -> set[int]:
+    from django.db import DatabaseError, connection
+
+    try:
+        with connection.cursor() as cursor:
+            cursor.execute("SELECT DISTINCT locked_by FROM django_outbox_message WHERE status = 'processing'")
+            return {int(row[0].split(":")[1]) for row in cursor.fetchall() if row[0]}
+    except DatabaseError:
+        connection.close()
+        return set()
+
+
+def _counts() -> dict[str, int] | None:
+    from django.db import DatabaseError, connection
+
+    try:
+        with connection.cursor() as cursor:
+            cursor.execute("SELECT status, count(*) FROM django_outbox_message GROUP BY status")
+            return {status: count for status, count in cursor.fetchall()}
+    except DatabaseError:
+        connection.close()
+        return None
+
+
+@contextlib.contextmanager
+def broker_proxy(args: argparse.Namespace, env: dict[str, str]) -> Iterator[Any]:
+    if args.broker is None:
+        yield None
+        return
+    from tests.proxy import FlakyProxy
+
+    proxy = FlakyProxy("127.0.0.1", 6379)
+    env["CHAOS_REDIS_URL"] = f"redis://127.0.0.1:{proxy.port}/0"
+    env["CHAOS_STREAM"] = f"outbox-chaos:{secrets.token_hex(4)}:{{topic}}"
+    try:
+        yield proxy
+    finally:
+        proxy.close()
+
+
+def chaos(args: argparse.Namespace) -> int:
+    started = time.monotonic()
+    cluster = PrivateCluster(args.port)
+    workdir = Path(tempfile.mkdtemp(prefix="outbox-chaos-run-"))
+    failed = True
+    try:
+        log(f"private PostgreSQL in {cluster.dir} on port {cluster.port}")
+        cluster.start()
+        env = {
+            **os.environ,
+            "DATABASE_URL": cluster.url,
+            "DJANGO_SETTINGS_MODULE": SETTINGS,
+            "DEBUG": "false",
+            "PYTHONUNBUFFERED": "1",
+            "OUTBOX_LOG_LEVEL": "ERROR",
+        }
+        os.environ.update({k: env[k] for k in ("DATABASE_URL", "DJANGO_SETTINGS_MODULE", "DEBUG")})
+        with broker_proxy(args, env) as proxy:
+            os.environ.update({k: v for k, v in env.items() if k.startswith("CHAOS_")})
+            subprocess.run(
+                [sys.executable, str(ROOT / "manage.py"), "migrate", "--verbosity", "0"], cwd=ROOT, env=env, check=True
+            )
+            import django
+
+            django.setup()
+            run = Run(args=args, cluster=cluster, workdir=workdir, env=env)
+            try:
+                failed = _drive(run, proxy, started) != 0
+            finally:
+                run.stop_all()
+                if failed:
+                    _show_logs(workdir)
+    finally:
+        with contextlib.suppress(Exception):
+            from django.db import connections
+
+            connections.close_all()
+        cluster.remove()
+        shutil.rmtree(workdir, ignore_errors=True)
+    return 1 if failed else 0
+
+
+def _drive(run: Run, proxy: Any, started: float) -> int:
+    args = run.args
+    per_producer = [
+        args.messages // args.producers + (i < args.messages % args.producers) for i in range(args.producers)
+    ]
+    for _ in range(args.workers):
+        run.start_worker()
+    for i, count in enumerate(per_producer):
+        run.producers.append(
+            subprocess.Popen(
+                [
+                    *(sys.executable, __file__, "produce", "--id", str(i), "--count", str(count)),
+                    *("--duration", str(args.duration), "--broker-share", "0.25" if proxy else "0"),
+                    *("--out", str(run.workdir / f"producer-{i}.json")),
+                ],
+                cwd=ROOT,
+                env=run.env,
+            )
+        )
+    log(f"{args.producers} producers sending {args.messages} messages over {args.duration:g}s; {args.workers} workers")
+    restart_at = started + args.duration * 0.4
+    outage_at = started + args.duration * 0.6 if proxy else None
+    outage_until = None
+    next_kill = time.monotonic() + random.uniform(*args.kill_every)
+    next_report = time.monotonic() + 5
+    deadline = started + args.timeout
+    while True:
+        now = time.monotonic()
+        if now > deadline:
+            log(f"timed out after {args.timeout:g}s with work left: {_counts()}")
+            return 2
+        if now >= next_kill:
+            run.kill_random_worker()
+            next_kill = now + random.uniform(*args.kill_every)
+        if run.db_restarts == 0 and now >= restart_at:
+            log("restarting PostgreSQL (immediate: every connection drops)")
+            t0 = time.monotonic()
+            run.cluster.restart()
+            run.db_restarts += 1
+            log(f"PostgreSQL back after {time.monotonic() - t0:.1f}s")
+        if outage_at is not None and now >= outage_at:
+            log("cutting the broker connection for 10s")
+            proxy.down()
+            run.broker_outages += 1
+            outage_at, outage_until = None, now + 10
+        if outage_until is not None and now >= outage_until:
+            proxy.up()
+            outage_until = None
+            log("broker connection restored")
+        producing = any(p.poll() is None for p in run.producers)
+        if any(p.returncode not in (None, 0) for p in run.producers):
+            log("a producer failed")
+            return 2
+        counts = _counts()
+        if now >= next_report:
+            log(f"messages by status: {counts}; kills {run.kills}")
+            next_report = now + 5
+        if (
+            not producing
+            and run.db_restarts
+            and outage_until is None
+            and outage_at is None
+            and counts is not None
+            and not counts.get("pending")
+            and not counts.get("processing")
+        ):
+            break
+        time.sleep(0.5)
+    run.stop_all()
+    return report(run, time.monotonic() - started)
+
+
+def report(run: Run, wall: float) -> int:
+    from django_outbox.models import Attempt, Message
+    from tests.probe.models import Delivery
+
+    committed: set[str] = set()
+    rolled_back: set[str] = set()
+    producer_stats: collections.Counter[str] = collections.Counter()
+    for path in sorted(run.workdir.glob("producer-*.json")):
+        data = json.loads(path.read_text())
+        committed.update(data["committed"])
+        rolled_back.update(data["rolled_back"])
+        producer_stats.update(data["stats"])
+    messages = {
+        m["idempotency_key"]: m
+        for m in Message.objects.filter(idempotency_key__startswith=KEY_PREFIX).values(
+            "id", "uuid", "idempotency_key", "status", "payload", "topic"
+        )
+    }
+    ghosts = len(rolled_back & set(messages))
+    phantoms = len(set(messages) - committed - rolled_back)  # in the table, but no producer saw the commit
+    missing = len(committed - set(messages))
+    by_id = {m["id"]: m for m in messages.values()}
+
+    received: collections.defaultdict[int, list[int | None]] = collections.defaultdict(list)
+    for message_id, attempt in Delivery.objects.values_list("message_id", "attempt"):
+        received[message_id].append(attempt)
+    if run.args.broker:
+        import redis
+
+        client: Any = redis.Redis.from_url("redis://127.0.0.1:6379/0", decode_responses=True)
+        stream = run.env["CHAOS_STREAM"].format(topic=BROKER_TOPIC)
+        id_of = {str(m["uuid"]): m["id"] for m in messages.values()}
+        for _, fields in client.xrange(stream, "-", "+"):
+            received[id_of[fields["id"]]].append(None)  # a stream entry carries no attempt number
+        client.delete(stream)
+        client.close()
+
+    attempts: collections.defaultdict[int, dict[int, list[tuple[str, str]]]] = collections.defaultdict(dict)
+    for message_id, number, outcome, error in Attempt.objects.values_list("message_id", "number", "outcome", "error"):
+        attempts[message_id].setdefault(number, []).append((outcome, error))
+
+    def clean(outcomes: list[tuple[str, str]]) -> bool:
+        """The attempt delivered and recorded it while holding the lease: the one expected delivery."""
+        return any(o == "delivered" and not e.startswith("lease lost") for o, e in outcomes) and len(outcomes) == 1
+
+    status_counts = collections.Counter(m["status"] for m in messages.values())
+    dead_by_design = sum(1 for m in messages.values() if m["status"] == "dead" and m["payload"]["kind"] != "normal")
+    dead_unexpected = status_counts["dead"] - dead_by_design
+    designed_to_die = sum(1 for m in messages.values() if m["payload"]["kind"] != "normal")
+    lost = missing + sum(
+        1
+        for m in messages.values()
+        if m["idempotency_key"] in committed
+        and (
+            m["status"] not in ("delivered", "dead")
+            or (m["status"] == "delivered" and not received.get(m["id"]))
+            or (m["status"] == "dead" and m["payload"]["kind"] == "normal")
+        )
+    )
+    duplicates = unexplained = 0
+    explanations: collections.Counter[str] = collections.Counter()
+    for message_id, numbers in received.items():
+        if by_id[message_id]["payload"]["kind"] != "normal":
+            # a hung call that completed after its timeout: allowed, as documented
+            explanations["hung call completed after its timeout"] += len(numbers)
+            continue
+        extra = len(numbers) - 1
+        if extra <= 0:
+            continue
+        duplicates += extra
+        log_of = attempts[message_id]
+        if None in numbers:  # broker entries: explained by as many attempts that did not end cleanly
+            unclean = sum(1 for outcomes in log_of.values() if not clean(outcomes))
+            explanations["broker entry of an attempt that did not end cleanly"] += min(extra, unclean)
+            unexplained += max(0, extra - unclean)
+            continue
+        seen_clean = False
+        for attempt_no in sorted(numbers, key=lambda n: n or 0):
+            outcomes = log_of.get(attempt_no or 0, [])
+            if numbers.count(attempt_no) > 1 or not outcomes:
+                unexplained += 1  # one attempt delivered twice, or a delivery no attempt accounts for
+            elif clean(outcomes):
+                unexplained += seen_clean  # two attempts that each delivered and recorded it cleanly
+                seen_clean = True
+            elif (reason := _duplicate_reason(outcomes)) is None:
+                unexplained += 1
+            else:
+                explanations[reason] += 1
+    total_attempts = sum(len(v) for log_of in attempts.values() for v in log_of.values())
+    abandoned = sum(1 for log_of in attempts.values() for v in log_of.values() for o, _ in v if o == "abandoned")
+
+    figures = {
+        "sent (committed)": len(committed),
+        "delivered": status_counts["delivered"],
+        "dead (by design: poison or hung)": f"{dead_by_design} of {designed_to_die}",
+        "dead (unexpected)": dead_unexpected,
+        "lost": lost,
+        "duplicates": duplicates,
+        "duplicates unexplained": unexplained,
+        "rolled back and absent": f"{len(rolled_back) - ghosts} of {len(rolled_back)}",
+        "rolled back but present": ghosts,
+        "in the table without a producer's commit": phantoms,
+        "attempts": total_attempts,
+        "abandoned attempts": abandoned,
+        "producer transaction retries": producer_stats["transaction_retries"],
+        "commits of unknown outcome that had committed": producer_stats["commit_outcome_unknown_but_committed"],
+        "worker kills (SIGKILL)": run.kills,
+        "worker restarts": run.restarts,
+        "PostgreSQL restarts": run.db_restarts,
+        "broker outages (10 s)": run.broker_outages,
+        "wall time": f"{wall:.1f} s",
+    }
+    print()
+    width = max(len(k) for k in figures)
+    for name, value in figures.items():
+        print(f"  {name:<{width}}  {value}")
+    for reason, count in sorted(explanations.items()):
+        if count:
+            print(f"  duplicate explained: {reason}: {count}")
+    bad = lost or unexplained or ghosts or phantoms or dead_unexpected or dead_by_design != designed_to_die
+    print("\nFAILED" if bad else "\nOK: nothing lost, every duplicate explained", flush=True)
+    if run.args.json:
+        Path(run.args.json).write_text(json.dumps({k: str(v) for k, v in figures.items()}, indent=2) + "\n")
+    return 1 if bad else 0
+
+
+def _duplicate_reason(outcomes: list[tuple[str, str]]) -> str | None:
+    """Why an attempt whose delivery happened may be followed by another one, from its audit rows."""
+    if any(o == "abandoned" for o, _ in outcomes):
+        return "abandoned (worker killed or database away past the lease)"
+    if any(e.startswith("lease lost") for _, e in outcomes):
+        return "lease lost before the outcome was recorded"
+    if any("timed out" in e for _, e in outcomes):
+        return "timed out, the abandoned call completed later"
+    if any(o == "failed" for o, _ in outcomes):
+        return "failed after the handler's write had committed (connection dropped)"
+    return None
+
+
+def _show_logs(workdir: Path) -> None:
+    for path in sorted(workdir.glob("worker-*.log"))[-3:]:
+        tail = path.read_text(errors="replace").splitlines()[-15:]
+        if tail:
+            print(f"--- {path.name} (last lines)", *tail, sep="\n")
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    sub = parser.add_subparsers(dest="command")
+    producer = sub.add_parser("produce", help=argparse.SUPPRESS)
+    producer.add_argument("--id", type=int, required=True)
+    producer.add_argument("--count", type=int, required=True)
+    producer.add_argument("--duration", type=float, required=True)
+    producer.add_argument("--broker-share", type=float, default=0.0)
+    producer.add_argument("--out", type=Path, required=True)
+    parser.add_argument("--quick", action="store_true", help="the CI scenario: 3,000 messages over 25 s")
+    parser.add_argument("--messages", type=int, help="messages to send (default 20000; --quick 3000)")
+    parser.add_argument("--duration", type=float, help="seconds over which producers send (default 60; --quick 25)")
+    parser.add_argument("--producers", type=int, default=4)
+    parser.add_argument("--workers", type=int, default=4)
+    parser.add_argument("--broker", choices=["redis"], help="also relay a quarter of the messages to Redis Streams")
+    parser.add_argument("--port", type=int, default=55432, help="port of the private PostgreSQL (or the next free)")
+    parser.add_argument("--json", help="also write the figures to this file")
+    args = parser.parse_args()
+    if args.command == "produce":
+        os.environ.setdefault("DJANGO_SETTINGS_MODULE", SETTINGS)
+        produce(args.id, args.count, args.duration, args.broker_share, args.out)
+        return
+    args.messages = args.messages or (3000 if args.quick else 20000)
+    args.duration = args.duration or (25.0 if args.quick else 60.0)
+    args.timeout = args.duration + (80 if args.quick else 300)
+    args.kill_every = (2.0, 4.0)
+
+    def interrupted(signum: int, frame: object) -> None:
+        raise KeyboardInterrupt(signal.Signals(signum).name)
+
+    signal.signal(signal.SIGTERM, interrupted)
+    try:
+        code = chaos(args)
+    except KeyboardInterrupt:
+        log("interrupted: workers, producers and the private PostgreSQL were stopped and removed")
+        code = 130
+    sys.exit(code)
+
+
+if __name__ == "__main__":
+    main()
