@@ -53,6 +53,7 @@ class RelayConfig:
     until_empty: bool = False
     grace_period: float = 30.0
     notify: bool = True
+    housekeeping_interval: float = 0.0  # seconds between housekeeping rounds; 0: never (cron does it)
     worker_id: str = field(default_factory=new_worker_id)
 
     @classmethod
@@ -66,6 +67,7 @@ class RelayConfig:
             "poll_interval": conf.POLL_INTERVAL_SECONDS,
             "grace_period": conf.GRACE_PERIOD_SECONDS,
             "notify": conf.NOTIFY,
+            "housekeeping_interval": conf.HOUSEKEEPING_INTERVAL_SECONDS,
         }
         values.update({k: v for k, v in overrides.items() if v is not None})
         return cls(**values)  # type: ignore[arg-type]
@@ -150,6 +152,8 @@ class Relay:
             self.listener.start()
         keeper = threading.Thread(target=self._keep, name="outbox-keeper", daemon=True)
         keeper.start()
+        if cfg.housekeeping_interval > 0 and not cfg.until_empty:
+            threading.Thread(target=self._housekeep, name="outbox-housekeeper", daemon=True).start()
         self._threads = [
             threading.Thread(target=self._deliver_loop, name=f"outbox-delivery-{i}", daemon=True)
             for i in range(cfg.concurrency)
@@ -482,5 +486,31 @@ class Relay:
                 store.heartbeat(cfg.database, beat(stopped=True))
             except DatabaseError:
                 pass
+        finally:
+            connections.close_all()
+
+    # --- housekeeper -----------------------------------------------------------------------------
+
+    def _housekeep(self) -> None:
+        """Retention in its own thread, so a slow round never delays the keeper's lease renewals.
+
+        Every worker runs this loop; on PostgreSQL an advisory lock lets one of them work per round.
+        """
+        from . import housekeeping
+
+        cfg = self.config
+        wait = min(cfg.housekeeping_interval, 5.0)  # a first round soon after start, then every interval
+        try:
+            while not self._done.wait(wait):
+                wait = cfg.housekeeping_interval
+                close_old_connections()
+                try:
+                    report = housekeeping.run(cfg.database, time_budget=max(1.0, cfg.housekeeping_interval / 2))
+                except DatabaseError as exc:
+                    logger.warning("housekeeping could not run (%s); trying again in %.0fs", exc, wait)
+                    connections[cfg.database].close()
+                    continue
+                if report.archived or report.deleted or report.partitions_dropped or report.archive_deleted:
+                    logger.info("housekeeping: %s", report)
         finally:
             connections.close_all()
