@@ -10,8 +10,10 @@ statement, rolled back after each run so every run sees the same rows) in three 
 3. the same plus 200 blocked keys: each a dead message followed by ``--followers`` pending ones, all
    older than the claimable messages, so every claim walks past them.
 
-It prints the median claim time of each state and fails (exit 1) when state 2 or 3 is more than
-``--tolerance`` (default 25%) slower than state 1, or when the claim's plan has a sequential scan of the
+It prints the fastest, median and 95th-percentile claim time of each state and fails (exit 1) when
+state 2 or 3 is more than ``--tolerance`` (default 25%) slower than state 1. The comparison uses the
+fastest run (as ``timeit`` does): on a machine shared with other work the median and the tail measure
+the neighbours as much as the claim. It also fails or when the claim's plan has a sequential scan of the
 message table or does not use the partial index of pending messages.
 """
 
@@ -108,12 +110,12 @@ def main() -> int:
                 times.append((time.perf_counter() - started) * 1000)
                 transaction.set_rollback(True)
             assert len(claimed) == 100, f"{label}: claimed {len(claimed)}"
-        median = statistics.median(times)
         with connection.cursor() as cursor:
             cursor.execute(f"SELECT count(*) FROM {TABLE}")
             total = cursor.fetchone()[0]
-        print(f"{label:<52}{total:>12,}{median:>12.2f}{statistics.quantiles(times, n=20)[-1]:>12.2f}", flush=True)
-        return median
+        p95 = statistics.quantiles(times, n=20)[-1]
+        print(f"{label:<46}{total:>11,}{min(times):>9.2f}{statistics.median(times):>11.2f}{p95:>9.2f}", flush=True)
+        return min(times)
 
     def plan() -> str:
         sql, params = store.claim_sql(connection, worker="bench", limit=100, lease_seconds=60)
@@ -126,7 +128,7 @@ def main() -> int:
     run(DELIVERED, n=10_000)
     run(PENDING, n=1_000)
     settle()
-    print(f"\n{'state':<52}{'rows':>12}{'median ms':>12}{'p95 ms':>12}")
+    print(f"\n{'state':<46}{'rows':>11}{'min ms':>9}{'median ms':>11}{'p95 ms':>9}")
     small = measure("1. 10,000 delivered")
 
     print(f"growing to {args.rows:,} delivered rows ...", flush=True)

@@ -39,7 +39,7 @@ def log(handler):
     return seen
 
 
-def relay_until(condition, timeout: float = 20) -> None:
+def relay_until(condition, timeout: float = 60) -> None:
     """Relay until ``condition()`` holds. On PostgreSQL a keyed message waits for every transaction of the
     cluster that was open when a claim first saw it, so another session (even in another database) can
     delay it for a moment: keyed delivery is checked as "eventually, and in order", never as "at once"."""
