@@ -425,5 +425,6 @@ def _chunks(ids: Sequence[int]) -> Iterable[list[int]]:
         yield list(ids[start : start + ACTION_CHUNK])
 
 
-# The email log registers itself on import.
+# The email log and the archive register themselves on import.
+from . import archive_admin as _archive_admin  # noqa: E402, F401
 from .mail import admin as _mail_admin  # noqa: E402, F401

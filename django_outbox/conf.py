@@ -62,6 +62,19 @@ class OutboxSettings:
     IDEMPOTENCY_KEY_TTL: dt.timedelta = dt.timedelta(hours=24)
     #: Longest a delivery call (a handler, or one call to a transport) may run; None: no limit.
     HANDLER_TIMEOUT_SECONDS: float | None = None
+    #: "block": a dead message holds back the later messages of its key until it is retried or cancelled;
+    #: "skip_dead": the key moves on past it.
+    ORDERING: str = "block"
+    #: How long delivered and cancelled messages are kept for audit before housekeeping removes them.
+    RETENTION: dt.timedelta = dt.timedelta(days=7)
+    #: "archive": finished messages move to the archive tables after ARCHIVE_AFTER and stay there until
+    #: RETENTION; "delete": they stay in the message table until RETENTION and are then deleted.
+    RETENTION_MODE: str = "archive"
+    #: How long a finished message stays in the message table before it is archived; repeated
+    #: idempotency keys are recognised only while the first message is there.
+    ARCHIVE_AFTER: dt.timedelta = dt.timedelta(hours=1)
+    #: How often one worker runs housekeeping; 0 leaves it to ``manage.py outbox_housekeeping`` (cron).
+    HOUSEKEEPING_INTERVAL_SECONDS: float = 60.0
 
 
 @dataclass(frozen=True, slots=True)
@@ -197,6 +210,7 @@ def _parse(raw: object) -> tuple[OutboxSettings, list[Problem]]:
             )
         else:
             values["HANDLER_TIMEOUT_SECONDS"] = float(timeout)
+    problems += _parse_retention(raw, values)
 
     transports, transport_problems = _parse_transports(raw.get("TRANSPORTS", {}))
     problems += transport_problems
@@ -214,6 +228,56 @@ def _parse(raw: object) -> tuple[OutboxSettings, list[Problem]]:
             )
         )
     return parsed, problems
+
+
+ORDERING_CHOICES = ("block", "skip_dead")
+RETENTION_MODES = ("archive", "delete")
+
+
+def _parse_retention(raw: Mapping[str, Any], values: dict[str, Any]) -> list[Problem]:
+    """ORDERING, RETENTION, RETENTION_MODE, ARCHIVE_AFTER, HOUSEKEEPING_INTERVAL_SECONDS (E070-E074)."""
+    problems = []
+    for name, choices, check_id in (
+        ("ORDERING", ORDERING_CHOICES, "django_outbox.E070"),
+        ("RETENTION_MODE", RETENTION_MODES, "django_outbox.E072"),
+    ):
+        if name in raw:
+            if raw[name] in choices:
+                values[name] = raw[name]
+            else:
+                problems.append(
+                    Problem(
+                        check_id,
+                        f"OUTBOX[{name!r}] must be one of {', '.join(map(repr, choices))}, not {raw[name]!r}.",
+                        "Fix the value or remove the key to use the default.",
+                    )
+                )
+    for name, check_id in (("RETENTION", "django_outbox.E071"), ("ARCHIVE_AFTER", "django_outbox.E073")):
+        if name in raw:
+            duration = _duration(raw[name])
+            if duration is None:
+                problems.append(
+                    Problem(
+                        check_id,
+                        f"OUTBOX[{name!r}] must be a positive timedelta or number of seconds, not {raw[name]!r}.",
+                        "Example: datetime.timedelta(days=7). Remove the key to use the default.",
+                    )
+                )
+            else:
+                values[name] = duration
+    if "HOUSEKEEPING_INTERVAL_SECONDS" in raw:
+        value = raw["HOUSEKEEPING_INTERVAL_SECONDS"]
+        if isinstance(value, bool) or not isinstance(value, int | float) or not 0 <= value < 10**9:
+            problems.append(
+                Problem(
+                    "django_outbox.E074",
+                    f"OUTBOX['HOUSEKEEPING_INTERVAL_SECONDS'] must be a number >= 0, not {value!r}.",
+                    "Use 0 to run housekeeping only from cron (manage.py outbox_housekeeping).",
+                )
+            )
+        else:
+            values["HOUSEKEEPING_INTERVAL_SECONDS"] = float(value)
+    return problems
 
 
 def _duration(value: object) -> dt.timedelta | None:

@@ -50,6 +50,10 @@ class Message(models.Model):
     locked_by = models.CharField(max_length=WORKER_ID_MAX_LENGTH, null=True, blank=True)  # noqa: DJ001
     locked_until = models.DateTimeField(null=True, blank=True)
     last_error = models.TextField(blank=True, default="")
+    # PostgreSQL, keyed messages only: set by the first claim that sees the row, to the first transaction
+    # id not yet assigned then. The message is claimable once no transaction below it is still running,
+    # so it cannot overtake a lower id of its key whose transaction is still open (see docs/ordering.md).
+    visible_after_xid = models.BigIntegerField(null=True, blank=True, editable=False)
 
     class Meta:
         ordering = ["-id"]
@@ -74,6 +78,25 @@ class Message(models.Model):
             # so a page of a million-row table is read straight off an index.
             models.Index(fields=["status", "id"], name="outbox_msg_status_id_idx"),
             models.Index(fields=["topic", "id"], name="outbox_msg_topic_id_idx"),
+            # Per-key order: "is an earlier message of this key still open?" probes only open rows, so the
+            # answer costs the same however many delivered messages the key has had.
+            models.Index(
+                fields=["key", "id"],
+                name="outbox_msg_key_open_idx",
+                condition=models.Q(key__isnull=False, status__in=["pending", "processing", "dead"]),
+            ),
+            # Keyed rows no claim has fenced yet (PostgreSQL): a handful at any time.
+            models.Index(
+                fields=["id"],
+                name="outbox_msg_unfenced_idx",
+                condition=models.Q(status="pending", key__isnull=False, visible_after_xid__isnull=True),
+            ),
+            # Housekeeping takes finished messages oldest first and stops at the cutoff.
+            models.Index(
+                fields=["created_at"],
+                name="outbox_msg_finished_idx",
+                condition=models.Q(status__in=["delivered", "cancelled"]),
+            ),
         ]
 
     def __str__(self) -> str:
@@ -203,4 +226,5 @@ class IdempotencyRecord(models.Model):
         return f"{self.scope} {self.key} ({self.state})"
 
 
+from .archive_models import ArchivedAttempt, ArchivedMessage  # noqa: E402, F401  (the audit archive)
 from .mail.models import OutboxEmail  # noqa: E402, F401  (the email log proxy; defined there, registered here)

@@ -24,6 +24,7 @@ STALE_AFTER_SECONDS = 30.0
 GONE_WORKERS_SHOWN_FOR = dt.timedelta(hours=24)
 MAX_WORKERS_SHOWN = 50
 MAX_DEAD_TOPICS_SHOWN = 50
+MAX_BLOCKED_KEYS_SHOWN = 50
 WINDOW_MINUTES = 60
 
 
@@ -52,6 +53,16 @@ class WorkerState:
 
 
 @dataclass(frozen=True, kw_only=True, slots=True)
+class BlockedKey:
+    """A key held back by a dead message (ORDERING "block") until an operator retries or cancels it."""
+
+    key: str
+    dead_message_id: int  # the earliest dead message of the key: retry or cancel it to unblock
+    dead: int
+    waiting: int  # pending messages of the key
+
+
+@dataclass(frozen=True, kw_only=True, slots=True)
 class Overview:
     generated_at: dt.datetime
     counts: dict[str, Tally]
@@ -59,6 +70,7 @@ class Overview:
     minutes: list[Minute]
     dead_by_topic: list[tuple[str, int]]
     workers: list[WorkerState] = field(default_factory=list)
+    blocked_keys: list[BlockedKey] = field(default_factory=list)
 
     @property
     def lag_seconds(self) -> float:
@@ -95,6 +107,7 @@ class Overview:
                 {"minute": when(m.start), "delivered": m.delivered, "failed": m.failed} for m in self.minutes
             ],
             "dead_by_topic": [{"topic": topic, "dead": n} for topic, n in self.dead_by_topic],
+            "blocked_keys": [asdict(b) for b in self.blocked_keys],
             "workers_alive": len(self.alive_workers),
             "workers": [
                 {**asdict(w), "started_at": when(w.started_at), "last_seen": when(w.last_seen)} for w in self.workers
@@ -123,7 +136,33 @@ def collect(
         minutes=_minutes(using, now),
         dead_by_topic=dead_by_topic,
         workers=_workers(using, now, stale_after),
+        blocked_keys=blocked_keys(using),
     )
+
+
+def blocked_keys(using: str = "default", *, limit: int = MAX_BLOCKED_KEYS_SHOWN) -> list[BlockedKey]:
+    """Keys whose delivery stopped at a dead message, oldest first; none under ORDERING "skip_dead"."""
+    from .conf import get_settings
+
+    if get_settings().ORDERING != "block":
+        return []
+    messages = Message.objects.using(using)
+    heads = list(
+        messages.filter(status=Message.Status.DEAD, key__isnull=False)
+        .values("key")
+        .annotate(head=Min("id"), dead=Count("id"))
+        .order_by("head")[:limit]
+    )
+    waiting = dict(
+        messages.filter(status=Message.Status.PENDING, key__in=[h["key"] for h in heads])
+        .values("key")
+        .annotate(n=Count("id"))
+        .values_list("key", "n")
+    )
+    return [
+        BlockedKey(key=str(h["key"]), dead_message_id=h["head"], dead=h["dead"], waiting=waiting.get(h["key"], 0))
+        for h in heads
+    ]
 
 
 def _minutes(using: str, now: dt.datetime) -> list[Minute]:

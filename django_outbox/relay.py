@@ -55,6 +55,7 @@ class RelayConfig:
     grace_period: float = 30.0
     notify: bool = True
     handler_timeout: float | None = None  # seconds a delivery call may take; None: no limit
+    housekeeping_interval: float = 0.0  # seconds between housekeeping rounds; 0: never (cron does it)
     worker_id: str = field(default_factory=new_worker_id)
 
     @classmethod
@@ -69,6 +70,7 @@ class RelayConfig:
             "grace_period": conf.GRACE_PERIOD_SECONDS,
             "notify": conf.NOTIFY,
             "handler_timeout": conf.HANDLER_TIMEOUT_SECONDS,
+            "housekeeping_interval": conf.HOUSEKEEPING_INTERVAL_SECONDS,
         }
         values.update({k: v for k, v in overrides.items() if v is not None})
         return cls(**values)  # type: ignore[arg-type]
@@ -155,6 +157,8 @@ class Relay:
             self.listener.start()
         keeper = threading.Thread(target=self._keep, name="outbox-keeper", daemon=True)
         keeper.start()
+        if cfg.housekeeping_interval > 0 and not cfg.until_empty:
+            threading.Thread(target=self._housekeep, name="outbox-housekeeper", daemon=True).start()
         self._threads = [
             threading.Thread(target=self._deliver_loop, name=f"outbox-delivery-{i}", daemon=True)
             for i in range(cfg.concurrency)
@@ -234,7 +238,7 @@ class Relay:
                     if self._cycle(transports):
                         failures = 0
                         continue
-                    if cfg.until_empty and not store.any_processing(cfg.database, topics=cfg.topics):
+                    if cfg.until_empty and not store.work_in_progress(cfg.database, topics=cfg.topics):
                         logger.info("nothing left to claim now and nothing in flight: stopping")
                         self._stopping.set()
                         break
@@ -518,5 +522,31 @@ class Relay:
                 store.heartbeat(cfg.database, beat(stopped=True))
             except DatabaseError:
                 pass
+        finally:
+            connections.close_all()
+
+    # --- housekeeper -----------------------------------------------------------------------------
+
+    def _housekeep(self) -> None:
+        """Retention in its own thread, so a slow round never delays the keeper's lease renewals.
+
+        Every worker runs this loop; on PostgreSQL an advisory lock lets one of them work per round.
+        """
+        from . import housekeeping
+
+        cfg = self.config
+        wait = min(cfg.housekeeping_interval, 5.0)  # a first round soon after start, then every interval
+        try:
+            while not self._done.wait(wait):
+                wait = cfg.housekeeping_interval
+                close_old_connections()
+                try:
+                    report = housekeeping.run(cfg.database, time_budget=max(1.0, cfg.housekeeping_interval / 2))
+                except DatabaseError as exc:
+                    logger.warning("housekeeping could not run (%s); trying again in %.0fs", exc, wait)
+                    connections[cfg.database].close()
+                    continue
+                if report.archived or report.deleted or report.partitions_dropped or report.archive_deleted:
+                    logger.info("housekeeping: %s", report)
         finally:
             connections.close_all()

@@ -162,10 +162,16 @@ def insert(alias: str, new: NewMessage) -> tuple[Message, bool]:
         _prep_dt(conn, new.available_at),
         _prep_dt(conn, new.created_at),
     ]
+    # PostgreSQL: the subquery row, computed and filtered before the identity default is projected over
+    # it, gives the transaction its id before the row takes its own. Per-key ordering relies on that
+    # (docs/ordering.md). OFFSET 0 and the filter keep the planner from dropping the (stable) call.
+    xact_first = (
+        " FROM (SELECT pg_current_xact_id() AS xid OFFSET 0) AS xact WHERE xact.xid IS NOT NULL" if _is_pg(conn) else ""
+    )
     sql = (
         f"INSERT INTO {MESSAGE} (uuid, topic, key, payload, headers, idempotency_key, status, attempts,"
         f" max_attempts, available_at, created_at, last_error)"
-        f" VALUES (%s, %s, %s, {_jsonb(conn)}, {_jsonb(conn)}, %s, %s, 0, %s, %s, %s, ''){conflict}"
+        f" SELECT %s, %s, %s, {_jsonb(conn)}, {_jsonb(conn)}, %s, %s, 0, %s, %s, %s, ''{xact_first}{conflict}"
         f" RETURNING {COLUMNS}"
     )
     with conn.cursor() as cursor:
@@ -186,35 +192,102 @@ def insert(alias: str, new: NewMessage) -> tuple[Message, bool]:
 def claim(
     alias: str, *, worker: str, limit: int, lease_seconds: float, topics: Sequence[str] | None = None
 ) -> list[Message]:
-    """Lease up to ``limit`` due messages to ``worker`` and count the attempt; committed on return."""
+    """Lease up to ``limit`` due messages to ``worker`` and count the attempt; committed on return.
+
+    A keyed message is claimed only at the head of its key (see ``claim_sql``), so a batch holds at most
+    one message per key. On PostgreSQL a claim that fenced newly visible keyed messages and came back
+    short looks once more: those messages usually became claimable the moment the first statement ended.
+    """
     conn = _connection(alias)
+    messages, fenced = _claim_once(alias, conn, worker=worker, limit=limit, lease_seconds=lease_seconds, topics=topics)
+    if fenced and len(messages) < limit:
+        more, _ = _claim_once(
+            alias, conn, worker=worker, limit=limit - len(messages), lease_seconds=lease_seconds, topics=topics
+        )
+        messages += more
+    messages.sort(key=lambda m: m.id)
+    return messages
+
+
+def blocking_statuses() -> tuple[str, ...]:
+    """Statuses of an earlier message that hold back the later messages of its key."""
+    from .conf import get_settings
+
+    return (PENDING, PROCESSING) if get_settings().ORDERING == "skip_dead" else (PENDING, PROCESSING, DEAD)
+
+
+def claim_sql(
+    conn: BaseDatabaseWrapper, *, worker: str, limit: int, lease_seconds: float, topics: Sequence[str] | None = None
+) -> tuple[str, list[Any]]:
+    """The claim statement and its parameters (public so a test can ``EXPLAIN`` it).
+
+    Due pending rows are walked in id order on the partial index of pending rows. A keyed row qualifies
+    only when no earlier row of its key is open (pending, processing, or dead under ORDERING "block"),
+    probed on the partial index of open keyed rows; keyless rows skip both tests.
+
+    PostgreSQL adds a fence, because ids are taken at insert but rows appear at commit: a lower id of the
+    same key may still be invisible in an open transaction. The statement first stamps keyed rows it sees
+    for the first time with its snapshot's xmax (the first transaction id not yet assigned); every
+    transaction that could hold a lower id of their key was running by then, and had its id (insert()
+    takes it before the row id). A stamped row is claimable once the snapshot's xmin has reached the stamp:
+    no transaction below it is still running, so any lower id of its key is visible or rolled back.
+    """
     now = timezone.now()
     topic_sql, topic_params = _topic_filter(topics)
+    blocking = blocking_statuses()
+    in_blocking = ", ".join(["%s"] * len(blocking))
+    head = (
+        f"NOT EXISTS (SELECT 1 FROM {MESSAGE} AS b WHERE b.key = c.key AND b.id < c.id"
+        f" AND b.key IS NOT NULL AND b.status IN ({in_blocking}))"
+    )
+    lease_end = _prep_dt(conn, now + dt.timedelta(seconds=lease_seconds))
+    set_params = [PROCESSING, worker, lease_end]
     if _is_pg(conn):
         sql = (
-            f"WITH picked AS MATERIALIZED (SELECT id FROM {MESSAGE}"
-            f" WHERE status = %s AND available_at <= %s{topic_sql}"
-            f" ORDER BY id LIMIT %s FOR UPDATE SKIP LOCKED)"
-            f" UPDATE {MESSAGE} AS m SET status = %s, locked_by = %s, locked_until = %s,"
+            f"WITH fence AS (UPDATE {MESSAGE} SET visible_after_xid ="
+            f" (SELECT pg_snapshot_xmax(pg_current_snapshot())::text::bigint)"
+            f" WHERE id IN (SELECT id FROM {MESSAGE} WHERE status = %s AND key IS NOT NULL"
+            f" AND visible_after_xid IS NULL ORDER BY id LIMIT %s FOR UPDATE SKIP LOCKED) RETURNING 1),"
+            f" picked AS MATERIALIZED (SELECT c.id FROM {MESSAGE} AS c"
+            f" WHERE c.status = %s AND c.available_at <= %s{topic_sql}"
+            f" AND (c.key IS NULL OR (c.visible_after_xid"
+            f" <= (SELECT pg_snapshot_xmin(pg_current_snapshot())::text::bigint) AND {head}))"
+            f" ORDER BY c.id LIMIT %s FOR UPDATE OF c SKIP LOCKED),"
+            f" claimed AS (UPDATE {MESSAGE} AS m SET status = %s, locked_by = %s, locked_until = %s,"
             f" attempts = m.attempts + 1 FROM picked WHERE m.id = picked.id"
-            f" RETURNING {', '.join('m.' + c for c in _COLUMN_NAMES)}"
+            f" RETURNING {', '.join('m.' + c for c in _COLUMN_NAMES)})"
+            f" SELECT claimed.*, (SELECT count(*) FROM fence) FROM (SELECT 1) AS one LEFT JOIN claimed ON true"
         )
+        params = [PENDING, FENCE_BATCH, PENDING, _prep_dt(conn, now), *topic_params, *blocking, limit, *set_params]
     else:
         sql = (
             f"UPDATE {MESSAGE} SET status = %s, locked_by = %s, locked_until = %s, attempts = attempts + 1"
-            f" WHERE id IN (SELECT id FROM {MESSAGE} WHERE status = %s AND available_at <= %s{topic_sql}"
-            f" ORDER BY id LIMIT %s) RETURNING {COLUMNS}"
+            f" WHERE id IN (SELECT c.id FROM {MESSAGE} AS c WHERE c.status = %s AND c.available_at <= %s{topic_sql}"
+            f" AND (c.key IS NULL OR {head}) ORDER BY c.id LIMIT %s) RETURNING {COLUMNS}, 0"
         )
-    lease_end = _prep_dt(conn, now + dt.timedelta(seconds=lease_seconds))
-    select_params = [PENDING, _prep_dt(conn, now), *topic_params, limit]
-    set_params = [PROCESSING, worker, lease_end]
-    params = select_params + set_params if _is_pg(conn) else set_params + select_params
+        params = [*set_params, PENDING, _prep_dt(conn, now), *topic_params, *blocking, limit]
+    return sql, params
+
+
+#: Keyed rows one claim stamps at most; each is stamped once in its life.
+FENCE_BATCH = 1000
+
+
+def _claim_once(
+    alias: str,
+    conn: BaseDatabaseWrapper,
+    *,
+    worker: str,
+    limit: int,
+    lease_seconds: float,
+    topics: Sequence[str] | None,
+) -> tuple[list[Message], int]:
+    sql, params = claim_sql(conn, worker=worker, limit=limit, lease_seconds=lease_seconds, topics=topics)
     with conn.cursor() as cursor:
         cursor.execute(sql, params)
         rows = cursor.fetchall()
-    messages = [_to_message(alias, conn, row) for row in rows]
-    messages.sort(key=lambda m: m.id)
-    return messages
+    fenced = int(rows[0][-1]) if rows and _is_pg(conn) else 0
+    return [_to_message(alias, conn, row[:-1]) for row in rows if row[0] is not None], fenced
 
 
 def record(alias: str, *, worker: str, outcomes: Sequence[Outcome]) -> set[int]:
@@ -419,8 +492,11 @@ def next_due(alias: str, *, topics: Sequence[str] | None = None) -> dt.datetime 
     conn = _connection(alias)
     topic_sql, topic_params = _topic_filter(topics)
     with conn.cursor() as cursor:
+        # Only the future counts: a message due now that the claim left behind is held behind an earlier
+        # message of its key, and is woken by that message's outcome, not by the clock.
         cursor.execute(
-            f"SELECT MIN(available_at) FROM {MESSAGE} WHERE status = %s{topic_sql}", [PENDING, *topic_params]
+            f"SELECT MIN(available_at) FROM {MESSAGE} WHERE status = %s AND available_at > %s{topic_sql}",
+            [PENDING, _prep_dt(conn, timezone.now()), *topic_params],
         )
         row = cursor.fetchone()
     value = row[0] if row else None
@@ -435,11 +511,32 @@ def next_due(alias: str, *, topics: Sequence[str] | None = None) -> dt.datetime 
     return value
 
 
-def any_processing(alias: str, *, topics: Sequence[str] | None = None) -> bool:
+def work_in_progress(alias: str, *, topics: Sequence[str] | None = None) -> bool:
+    """Whether a worker that found nothing to claim must still wait rather than call the outbox empty.
+
+    True while a message is being processed (it may fail and come back), and on PostgreSQL while a due
+    keyed message at the head of its key waits only for the commit-order fence: it becomes claimable as
+    soon as the transactions that were open when it was first seen have ended. Messages scheduled for
+    later, or held behind an earlier message of their key, do not count.
+    """
     conn = _connection(alias)
     topic_sql, topic_params = _topic_filter(topics)
     with conn.cursor() as cursor:
         cursor.execute(f"SELECT 1 FROM {MESSAGE} WHERE status = %s{topic_sql} LIMIT 1", [PROCESSING, *topic_params])
+        if cursor.fetchone() is not None:
+            return True
+        if not _is_pg(conn):
+            return False
+        blocking = blocking_statuses()
+        fenced_sql = (
+            f"SELECT 1 FROM {MESSAGE} AS c WHERE c.status = %s AND c.available_at <= %s"
+            f"{_topic_filter(topics, column='c.topic')[0]} AND c.key IS NOT NULL"
+            f" AND (c.visible_after_xid IS NULL"
+            f" OR c.visible_after_xid > pg_snapshot_xmin(pg_current_snapshot())::text::bigint)"
+            f" AND NOT EXISTS (SELECT 1 FROM {MESSAGE} AS b WHERE b.key = c.key AND b.id < c.id"
+            f" AND b.status IN ({', '.join(['%s'] * len(blocking))})) LIMIT 1"
+        )
+        cursor.execute(fenced_sql, [PENDING, _prep_dt(conn, timezone.now()), *topic_params, *blocking])
         return cursor.fetchone() is not None
 
 

@@ -255,3 +255,27 @@ def test_worker_command_restores_signal_handlers(handler):
     before = signal.getsignal(signal.SIGTERM)
     call_command("outbox_worker", "--until-empty", verbosity=0)
     assert signal.getsignal(signal.SIGTERM) is before
+
+
+def test_until_empty_waits_for_keyed_messages_held_only_by_the_commit_order_fence(postgres, handler):
+    """An unrelated open transaction holds back keyed messages (see docs/ordering.md); --until-empty must
+    wait for them rather than call the outbox empty."""
+    import psycopg
+
+    handler("t.keyed", lambda m: None)
+    params = connection.get_connection_params()
+    params.pop("cursor_factory", None)
+    params.pop("context", None)
+    with psycopg.connect(**params) as other:
+        other.execute("SELECT pg_current_xact_id()")  # an open transaction holding a transaction id
+        message = outbox.send("t.keyed", {}, key="order-1")
+        relay = Relay(RelayConfig.from_settings(until_empty=True, poll_interval=0.05))
+        thread = threading.Thread(target=relay.run)
+        thread.start()
+        time.sleep(1.5)
+        assert thread.is_alive(), "--until-empty must not stop while a due keyed message waits for the fence"
+        assert Message.objects.get(pk=message.pk).status == "pending"
+        other.rollback()
+    thread.join(timeout=30)
+    assert not thread.is_alive()
+    assert Message.objects.get(pk=message.pk).status == "delivered"

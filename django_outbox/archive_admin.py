@@ -1,0 +1,96 @@
+"""The archive in the admin: finished messages kept for audit, read-only, with their attempts."""
+
+from __future__ import annotations
+
+import uuid as uuid_module
+from typing import Any
+
+from django.contrib import admin
+from django.db.models import Q, QuerySet
+from django.http import HttpRequest
+from django.utils.safestring import SafeString
+from django.utils.translation import gettext_lazy as _
+
+from .admin import pretty_json, status_badge
+from .archive_models import ArchivedAttempt, ArchivedMessage
+from .counting import EstimatingPaginator
+
+
+class ReadOnly:
+    def has_add_permission(self, request: HttpRequest, obj: Any = None) -> bool:
+        return False
+
+    def has_change_permission(self, request: HttpRequest, obj: Any = None) -> bool:
+        return False
+
+    def has_delete_permission(self, request: HttpRequest, obj: Any = None) -> bool:
+        return False
+
+
+class ArchivedAttemptInline(ReadOnly, admin.TabularInline):  # type: ignore[type-arg]
+    model = ArchivedAttempt
+    fields = ("number", "outcome", "started_at", "finished_at", "worker", "error")
+    readonly_fields = fields
+    extra = 0
+    can_delete = False
+
+
+@admin.register(ArchivedMessage)
+class ArchivedMessageAdmin(ReadOnly, admin.ModelAdmin):  # type: ignore[type-arg]
+    list_display = ("id", "topic", "key", "status_display", "attempts", "created_at", "delivered_at", "archived_at")
+    list_filter = ("status",)
+    search_fields = ("uuid", "idempotency_key", "key", "topic")
+    search_help_text = _("Exact uuid, idempotency key, key, topic or message id.")
+    ordering = ("-id",)
+    list_per_page = 50
+    paginator = EstimatingPaginator
+    show_full_result_count = False
+    inlines = (ArchivedAttemptInline,)
+    fields = (
+        "uuid",
+        "topic",
+        "key",
+        "idempotency_key",
+        "status_display",
+        "attempts",
+        "max_attempts",
+        "created_at",
+        "available_at",
+        "delivered_at",
+        "archived_at",
+        "payload_display",
+        "headers_display",
+        "last_error",
+    )
+    readonly_fields = fields
+
+    class Media:
+        css = {"all": ["django_outbox/admin.css"]}  # noqa: RUF012  (Django reads it as is)
+
+    def get_search_results(
+        self, request: HttpRequest, queryset: QuerySet[ArchivedMessage], search_term: str
+    ) -> tuple[QuerySet[ArchivedMessage], bool]:
+        """Exact matches only, each served by an index of every partition."""
+        term = search_term.strip()
+        if not term:
+            return queryset, False
+        match = Q(idempotency_key=term) | Q(key=term) | Q(topic=term)
+        try:
+            match |= Q(uuid=uuid_module.UUID(term))
+        except ValueError:
+            pass
+        if term.isdigit() and int(term) < 2**63:
+            match |= Q(id=int(term))
+        return queryset.filter(match), False
+
+    @admin.display(description=_("status"), ordering="status")
+    def status_display(self, obj: ArchivedMessage) -> SafeString:
+        return status_badge(obj.status)
+
+    @admin.display(description=_("payload"))
+    def payload_display(self, obj: ArchivedMessage) -> SafeString:
+        return pretty_json(obj.payload)
+
+    @admin.display(description=_("headers"))
+    def headers_display(self, obj: ArchivedMessage) -> SafeString:
+        return pretty_json(obj.headers)

@@ -1,0 +1,267 @@
+"""Retention: finished messages leave the hot table, and the archive forgets them after ``RETENTION``.
+
+Every statement runs in small batches (``BATCH_SIZE`` messages per transaction, locking only those rows
+with ``SKIP LOCKED``), so housekeeping never holds a long lock and never competes with the relay.
+
+- ``RETENTION_MODE = "archive"``: delivered and cancelled messages older than ``ARCHIVE_AFTER`` move,
+  with their attempts, into the archive tables in one statement per batch. On PostgreSQL the archive is
+  partitioned by day of ``archived_at``; partitions are created a few days ahead, and a day whose end
+  is more than ``RETENTION`` ago is dropped whole: no mass ``DELETE``, no bloat. On SQLite the archive
+  is two plain tables, pruned by batched deletes.
+- ``RETENTION_MODE = "delete"``: finished messages stay in the message table until ``RETENTION`` has
+  passed, then are deleted in batches with their attempts.
+
+Dead messages are never touched: they stay until an operator retries or cancels them. On PostgreSQL a
+session advisory lock lets one process at a time do the work; the others skip the round.
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+import logging
+import re
+import time
+from dataclasses import dataclass, field
+from typing import Any
+
+from django.db import transaction
+from django.db.backends.base.base import BaseDatabaseWrapper
+from django.utils import timezone
+
+from .archive_models import ArchivedAttempt, ArchivedMessage
+from .conf import get_settings
+from .store import ATTEMPT, CANCELLED, DELIVERED, MESSAGE, _connection, _is_pg, _prep_dt
+
+logger = logging.getLogger("django_outbox.housekeeping")
+
+ARCHIVED_MESSAGE = ArchivedMessage._meta.db_table
+ARCHIVED_ATTEMPT = ArchivedAttempt._meta.db_table
+#: Messages moved or deleted per transaction.
+BATCH_SIZE = 1000
+#: Partitions created ahead of today (and one behind, for clocks a little late).
+DAYS_AHEAD = 3
+#: Arbitrary but fixed: the advisory lock that lets one process at a time do housekeeping.
+ADVISORY_LOCK_ID = 0x6F7574626F78  # "outbox"
+#: DDL (partition create/drop) gives up rather than queue behind a long reader; the next round retries.
+DDL_LOCK_TIMEOUT = "5s"
+
+_PARTITION = re.compile(r"_p(\d{8})$")
+_MESSAGE_COLUMNS = (
+    "id, uuid, topic, key, payload, headers, idempotency_key, status, attempts, max_attempts,"
+    " available_at, created_at, delivered_at, last_error"
+)
+_ATTEMPT_COLUMNS = "id, message_id, number, started_at, finished_at, worker, outcome, error"
+
+
+@dataclass(kw_only=True)
+class Report:
+    skipped: bool = False  # another process holds the housekeeping lock
+    archived: int = 0
+    deleted: int = 0
+    archive_deleted: int = 0  # SQLite: rows pruned from the archive
+    partitions_created: list[str] = field(default_factory=list)
+    partitions_dropped: list[str] = field(default_factory=list)
+    finished: bool = True  # False when the time budget ran out with work left
+
+    def __str__(self) -> str:
+        if self.skipped:
+            return "skipped: another process is doing housekeeping"
+        parts = [f"archived {self.archived}", f"deleted {self.deleted}"]
+        if self.archive_deleted:
+            parts.append(f"pruned {self.archive_deleted} archived")
+        if self.partitions_created:
+            parts.append(f"created partitions {', '.join(self.partitions_created)}")
+        if self.partitions_dropped:
+            parts.append(f"dropped partitions {', '.join(self.partitions_dropped)}")
+        if not self.finished:
+            parts.append("(time budget used up; more next round)")
+        return ", ".join(parts)
+
+
+def run(
+    alias: str, *, now: dt.datetime | None = None, batch_size: int = BATCH_SIZE, time_budget: float | None = None
+) -> Report:
+    """One round of housekeeping; ``time_budget`` (seconds) bounds it for a worker's background thread."""
+    conn = _connection(alias)
+    now = now or timezone.now()
+    deadline = None if time_budget is None else time.monotonic() + time_budget
+    if _is_pg(conn):
+        with conn.cursor() as cursor:
+            cursor.execute("SELECT pg_try_advisory_lock(%s)", [ADVISORY_LOCK_ID])
+            if not cursor.fetchone()[0]:
+                return Report(skipped=True)
+        try:
+            return _run(conn, now, batch_size, deadline)
+        finally:
+            with conn.cursor() as cursor:
+                cursor.execute("SELECT pg_advisory_unlock(%s)", [ADVISORY_LOCK_ID])
+    # SQLite serialises writers: concurrent rounds take turns batch by batch, and each batch is atomic.
+    return _run(conn, now, batch_size, deadline)
+
+
+def _run(conn: BaseDatabaseWrapper, now: dt.datetime, batch_size: int, deadline: float | None) -> Report:
+    conf = get_settings()
+    report = Report()
+    if conf.RETENTION_MODE == "delete":
+        report.deleted, report.finished = _batches(conn, now - conf.RETENTION, batch_size, deadline, archive=None)
+        return report
+    if _is_pg(conn):
+        report.partitions_created = ensure_partitions(conn, now)
+    report.archived, report.finished = _batches(conn, now - conf.ARCHIVE_AFTER, batch_size, deadline, archive=now)
+    if _is_pg(conn):
+        report.partitions_dropped = drop_partitions(conn, older_than=now - conf.RETENTION)
+    else:
+        report.archive_deleted = _prune_archive(conn, now - conf.RETENTION, batch_size, deadline)
+    return report
+
+
+def _batches(
+    conn: BaseDatabaseWrapper,
+    cutoff: dt.datetime,
+    batch_size: int,
+    deadline: float | None,
+    *,
+    archive: dt.datetime | None,
+) -> tuple[int, bool]:
+    """Move (``archive`` = the archiving time) or delete finished messages older than ``cutoff``."""
+    total = 0
+    while True:
+        done = (
+            _batch_pg(conn, cutoff, batch_size, archive)
+            if _is_pg(conn)
+            else _batch_sqlite(conn, cutoff, batch_size, archive)
+        )
+        total += done
+        if done < batch_size:
+            return total, True
+        if deadline is not None and time.monotonic() > deadline:
+            return total, False
+
+
+def _finished_sql(limit_sql: str) -> str:
+    # created_at bounds the walk of the partial index; delivered_at (when there is one) is what must be old.
+    return (
+        f"SELECT id FROM {MESSAGE} WHERE status IN (%s, %s) AND created_at < %s"
+        f" AND COALESCE(delivered_at, created_at) < %s ORDER BY created_at {limit_sql}"
+    )
+
+
+def _batch_pg(conn: BaseDatabaseWrapper, cutoff: dt.datetime, batch_size: int, archive: dt.datetime | None) -> int:
+    copy = ""
+    params: list[Any] = [DELIVERED, CANCELLED, cutoff, cutoff, batch_size]
+    if archive is not None:
+        copy = (
+            f", copied_attempts AS (INSERT INTO {ARCHIVED_ATTEMPT} ({_ATTEMPT_COLUMNS}, archived_at)"
+            f" SELECT {_ATTEMPT_COLUMNS}, %s FROM gone_attempts),"
+            f" copied AS (INSERT INTO {ARCHIVED_MESSAGE} ({_MESSAGE_COLUMNS}, archived_at)"
+            f" SELECT {_MESSAGE_COLUMNS}, %s FROM gone)"
+        )
+        params += [archive, archive]
+    sql = (
+        f"WITH doomed AS MATERIALIZED ({_finished_sql('LIMIT %s FOR UPDATE SKIP LOCKED')}),"
+        f" gone_attempts AS (DELETE FROM {ATTEMPT} WHERE message_id IN (SELECT id FROM doomed) RETURNING *),"
+        f" gone AS (DELETE FROM {MESSAGE} WHERE id IN (SELECT id FROM doomed) RETURNING *){copy}"
+        f" SELECT count(*) FROM gone"
+    )
+    with conn.cursor() as cursor:
+        cursor.execute(sql, params)
+        return int(cursor.fetchone()[0])
+
+
+def _batch_sqlite(conn: BaseDatabaseWrapper, cutoff: dt.datetime, batch_size: int, archive: dt.datetime | None) -> int:
+    # Every statement re-reads the same batch: the write lock is held from the first one to the commit.
+    batch = _finished_sql("LIMIT %s")
+    ids = [DELIVERED, CANCELLED, _prep_dt(conn, cutoff), _prep_dt(conn, cutoff), batch_size]
+    with transaction.atomic(using=conn.alias), conn.cursor() as cursor:
+        if archive is not None:
+            when = _prep_dt(conn, archive)
+            cursor.execute(
+                f"INSERT INTO {ARCHIVED_MESSAGE} ({_MESSAGE_COLUMNS}, archived_at)"
+                f" SELECT {_MESSAGE_COLUMNS}, %s FROM {MESSAGE} WHERE id IN ({batch})",
+                [when, *ids],
+            )
+            cursor.execute(
+                f"INSERT INTO {ARCHIVED_ATTEMPT} ({_ATTEMPT_COLUMNS}, archived_at)"
+                f" SELECT {_ATTEMPT_COLUMNS}, %s FROM {ATTEMPT} WHERE message_id IN ({batch})",
+                [when, *ids],
+            )
+        cursor.execute(f"DELETE FROM {ATTEMPT} WHERE message_id IN ({batch})", ids)
+        cursor.execute(f"DELETE FROM {MESSAGE} WHERE id IN ({batch})", ids)
+        return int(cursor.rowcount)
+
+
+def _prune_archive(conn: BaseDatabaseWrapper, cutoff: dt.datetime, batch_size: int, deadline: float | None) -> int:
+    total = 0
+    when = _prep_dt(conn, cutoff)
+    while True:
+        with transaction.atomic(using=conn.alias), conn.cursor() as cursor:
+            old = f"SELECT id FROM {ARCHIVED_MESSAGE} WHERE archived_at < %s ORDER BY archived_at LIMIT %s"
+            cursor.execute(f"DELETE FROM {ARCHIVED_ATTEMPT} WHERE message_id IN ({old})", [when, batch_size])
+            cursor.execute(f"DELETE FROM {ARCHIVED_MESSAGE} WHERE id IN ({old})", [when, batch_size])
+            done = int(cursor.rowcount)
+        total += done
+        if done < batch_size or (deadline is not None and time.monotonic() > deadline):
+            return total
+
+
+# --- PostgreSQL partitions ---------------------------------------------------------------------
+
+
+def partition_name(table: str, day: dt.date) -> str:
+    return f"{table}_p{day:%Y%m%d}"
+
+
+def ensure_partitions(conn: BaseDatabaseWrapper, now: dt.datetime, *, days_ahead: int = DAYS_AHEAD) -> list[str]:
+    """Create the daily partitions from yesterday to ``days_ahead`` days on (UTC); returns those created."""
+    today = now.astimezone(dt.UTC).date()
+    wanted = [today + dt.timedelta(days=n) for n in range(-1, days_ahead + 1)]
+    existing = set(partitions(conn, ARCHIVED_MESSAGE)) | set(partitions(conn, ARCHIVED_ATTEMPT))
+    created = []
+    for day in wanted:
+        for table in (ARCHIVED_MESSAGE, ARCHIVED_ATTEMPT):
+            name = partition_name(table, day)
+            if name in existing:
+                continue
+            start, end = day.isoformat(), (day + dt.timedelta(days=1)).isoformat()
+            _ddl(
+                conn,
+                f"CREATE TABLE IF NOT EXISTS {name} PARTITION OF {table}"
+                f" FOR VALUES FROM ('{start} 00:00:00+00') TO ('{end} 00:00:00+00')",
+            )
+            created.append(name)
+    return created
+
+
+def drop_partitions(conn: BaseDatabaseWrapper, *, older_than: dt.datetime) -> list[str]:
+    """Drop every daily partition whose whole day ended before ``older_than``."""
+    dropped = []
+    for table in (ARCHIVED_ATTEMPT, ARCHIVED_MESSAGE):
+        for name, day in partitions(conn, table).items():
+            end = dt.datetime.combine(day + dt.timedelta(days=1), dt.time(), tzinfo=dt.UTC)
+            if end <= older_than:
+                _ddl(conn, f"DROP TABLE IF EXISTS {name}")
+                dropped.append(name)
+    return dropped
+
+
+def partitions(conn: BaseDatabaseWrapper, table: str) -> dict[str, dt.date]:
+    with conn.cursor() as cursor:
+        cursor.execute(
+            "SELECT c.relname FROM pg_inherits i JOIN pg_class c ON c.oid = i.inhrelid"
+            " JOIN pg_class p ON p.oid = i.inhparent WHERE p.relname = %s AND p.relnamespace = c.relnamespace"
+            " AND pg_table_is_visible(p.oid)",
+            [table],
+        )
+        names = [row[0] for row in cursor.fetchall()]
+    found = {}
+    for name in names:
+        match = _PARTITION.search(name)
+        if match and name == partition_name(table, dt.datetime.strptime(match.group(1), "%Y%m%d").date()):
+            found[name] = dt.datetime.strptime(match.group(1), "%Y%m%d").date()
+    return dict(sorted(found.items()))
+
+
+def _ddl(conn: BaseDatabaseWrapper, sql: str) -> None:
+    with transaction.atomic(using=conn.alias), conn.cursor() as cursor:
+        cursor.execute(f"SET LOCAL lock_timeout = '{DDL_LOCK_TIMEOUT}'")
+        cursor.execute(sql)
