@@ -142,11 +142,12 @@ def _topic_filter(topics: Sequence[str] | None, column: str = "topic") -> tuple[
 # --- producing ---------------------------------------------------------------------------------
 
 
-def insert(alias: str, new: NewMessage) -> tuple[Message, bool]:
+def insert(alias: str, new: NewMessage, *, notify: str | None = None) -> tuple[Message, bool]:
     """Write one pending message in the caller's transaction; returns (message, created).
 
     A repeated idempotency key returns the stored message and writes nothing. ``ON CONFLICT DO
     NOTHING`` keeps the caller's transaction usable: a plain unique violation would poison it.
+    With ``notify`` (PostgreSQL), the same statement queues a ``NOTIFY`` on that channel if it wrote a row.
     """
     conn = _connection(alias)
     conflict = " ON CONFLICT (idempotency_key) DO NOTHING" if new.idempotency_key is not None else ""
@@ -168,9 +169,14 @@ def insert(alias: str, new: NewMessage) -> tuple[Message, bool]:
         f" VALUES (%s, %s, %s, {_jsonb(conn)}, {_jsonb(conn)}, %s, %s, 0, %s, %s, %s, ''){conflict}"
         f" RETURNING {COLUMNS}"
     )
+    if notify is not None and _is_pg(conn):
+        sql = f"WITH m AS ({sql}) SELECT {COLUMNS}, pg_notify(%s, '') FROM m"
+        params.append(notify)
     with conn.cursor() as cursor:
         cursor.execute(sql, params)
         row = cursor.fetchone()
+        if row is not None and notify is not None and _is_pg(conn):
+            row = row[:-1]
         if row is None:
             cursor.execute(f"SELECT {COLUMNS} FROM {MESSAGE} WHERE idempotency_key = %s", [new.idempotency_key])
             row = cursor.fetchone()
