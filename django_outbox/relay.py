@@ -22,7 +22,7 @@ import traceback
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 
-from django.db import DatabaseError, close_old_connections, connections
+from django.db import DatabaseError, connections
 from django.utils import timezone
 
 from . import signals, store
@@ -102,6 +102,20 @@ def describe_error(exc: BaseException) -> str:
     if len(text) > ERROR_MAX_CHARS:
         text = "...\n" + text[-ERROR_MAX_CHARS:]
     return text
+
+
+def refresh_connections() -> None:
+    """Django's ``close_old_connections()`` for a long-lived worker: keep a healthy connection.
+
+    ``CONN_MAX_AGE = 0`` (Django's default) means one connection per request. Applied around each batch
+    it made the worker open a new PostgreSQL connection for every batch and every wake-up, which cost
+    most of its throughput and several milliseconds of latency (docs/performance.md). A connection that
+    saw an error, or whose positive ``CONN_MAX_AGE`` ran out, is still checked and replaced.
+    """
+    for conn in connections.all(initialized_only=True):
+        if conn.settings_dict["CONN_MAX_AGE"] == 0 and not conn.errors_occurred:
+            continue
+        conn.close_if_unusable_or_obsolete()
 
 
 class Relay:
@@ -221,7 +235,7 @@ class Relay:
         failures = 0
         try:
             while not self._stopping.is_set():
-                close_old_connections()
+                refresh_connections()
                 try:
                     self._wake.clear()
                     if self._cycle(transports):
@@ -457,7 +471,7 @@ class Relay:
 
         try:
             while not self._done.is_set():
-                close_old_connections()
+                refresh_connections()
                 try:
                     if self.stats.in_flight:
                         store.extend_leases(cfg.database, worker=cfg.worker_id, lease_seconds=cfg.lease_seconds)
