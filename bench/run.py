@@ -206,6 +206,15 @@ def render(results: dict[str, Any]) -> str:
                 "no growth",
             )
         )
+        rows.append(
+            (
+                "e. same run, drain rate",
+                f"{m['rate_last_quarter_per_s']:,.0f} msg/s in the last quarter",
+                f"{m['rate_first_quarter_per_s']:,.0f} msg/s in the first",
+                _ratio(m["rate_last_quarter_per_s"], m["rate_first_quarter_per_s"]),
+                "",
+            )
+        )
     for name, by in f.get("compare", {}).items():
         if not isinstance(by, dict):
             continue
@@ -224,6 +233,13 @@ def render(results: dict[str, Any]) -> str:
     lines = ["| " + " | ".join(header) + " |", "|" + "---|" * len(header)]
     lines += ["| " + " | ".join(row) + " |" for row in rows]
     return "\n".join(lines)
+
+
+def _ratio(value: float, reference: float) -> str:
+    """``value / reference`` as ``1.23x``, or blank when a tiny run had too few samples for either."""
+    if not (reference > 0 and value == value):  # NaN != NaN
+        return ""
+    return f"{value / reference:.2f}x"
 
 
 def _ok(figure: dict[str, Any]) -> str:
