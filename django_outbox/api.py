@@ -18,7 +18,7 @@ from .conf import get_settings
 from .exceptions import PayloadTooLargeError
 from .limits import IDEMPOTENCY_KEY_MAX_LENGTH, KEY_MAX_LENGTH, TOPIC_MAX_LENGTH
 from .routing import Handler, registry, resolve_transport
-from .wakeup import notify_on_commit
+from .wakeup import channel_to_notify, mark_notified
 
 if TYPE_CHECKING:
     from .models import Message
@@ -156,6 +156,7 @@ class Outbox:
         resolve_transport(topic)
         from . import store  # imported here: the package must be importable before apps are ready
 
+        channel = channel_to_notify(alias)
         message, created = store.insert(
             alias,
             store.NewMessage(
@@ -169,9 +170,10 @@ class Outbox:
                 available_at=when,
                 created_at=now,
             ),
+            notify=channel,
         )
-        if created:
-            notify_on_commit(alias)
+        if created and channel is not None:
+            mark_notified(alias)
         return message
 
     def handler(self, pattern: str) -> Callable[[H], H]:

@@ -22,7 +22,7 @@ import traceback
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 
-from django.db import DatabaseError, close_old_connections, connections
+from django.db import DatabaseError, connections
 from django.utils import timezone
 
 from . import signals, store
@@ -232,7 +232,7 @@ class Relay:
         failures = 0
         try:
             while not self._stopping.is_set():
-                close_old_connections()
+                store.refresh_connections()
                 try:
                     self._wake.clear()
                     if self._cycle(transports):
@@ -497,7 +497,7 @@ class Relay:
 
         try:
             while not self._done.is_set():
-                close_old_connections()
+                store.refresh_connections()
                 try:
                     if self.stats.in_flight:
                         store.extend_leases(cfg.database, worker=cfg.worker_id, lease_seconds=cfg.lease_seconds)
@@ -539,7 +539,7 @@ class Relay:
         try:
             while not self._done.wait(wait):
                 wait = cfg.housekeeping_interval
-                close_old_connections()
+                store.refresh_connections()
                 try:
                     report = housekeeping.run(cfg.database, time_budget=max(1.0, cfg.housekeeping_interval / 2))
                 except DatabaseError as exc:

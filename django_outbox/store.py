@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import datetime as dt
 import functools
+import json
 import uuid as uuid_module
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
@@ -139,14 +140,29 @@ def _topic_filter(topics: Sequence[str] | None, column: str = "topic") -> tuple[
     return " AND (" + " OR ".join(parts) + ")", params
 
 
+def refresh_connections() -> None:
+    """Django's ``close_old_connections()`` for a long-lived worker: keep a healthy connection.
+
+    ``CONN_MAX_AGE = 0`` (Django's default) means one connection per request. Applied around each batch
+    it made the worker open a new PostgreSQL connection for every batch and every wake-up, which cost
+    most of its throughput and several milliseconds of latency (docs/performance.md). A connection that
+    saw an error, or whose positive ``CONN_MAX_AGE`` ran out, is still checked and replaced.
+    """
+    for conn in connections.all(initialized_only=True):
+        if conn.settings_dict["CONN_MAX_AGE"] == 0 and not conn.errors_occurred:
+            continue
+        conn.close_if_unusable_or_obsolete()
+
+
 # --- producing ---------------------------------------------------------------------------------
 
 
-def insert(alias: str, new: NewMessage) -> tuple[Message, bool]:
+def insert(alias: str, new: NewMessage, *, notify: str | None = None) -> tuple[Message, bool]:
     """Write one pending message in the caller's transaction; returns (message, created).
 
     A repeated idempotency key returns the stored message and writes nothing. ``ON CONFLICT DO
     NOTHING`` keeps the caller's transaction usable: a plain unique violation would poison it.
+    With ``notify`` (PostgreSQL), the same statement queues a ``NOTIFY`` on that channel if it wrote a row.
     """
     conn = _connection(alias)
     conflict = " ON CONFLICT (idempotency_key) DO NOTHING" if new.idempotency_key is not None else ""
@@ -172,8 +188,11 @@ def insert(alias: str, new: NewMessage) -> tuple[Message, bool]:
         f"INSERT INTO {MESSAGE} (uuid, topic, key, payload, headers, idempotency_key, status, attempts,"
         f" max_attempts, available_at, created_at, last_error)"
         f" SELECT %s, %s, %s, {_jsonb(conn)}, {_jsonb(conn)}, %s, %s, 0, %s, %s, %s, ''{xact_first}{conflict}"
-        f" RETURNING {COLUMNS}"
+        f" RETURNING id"
     )
+    if notify is not None and _is_pg(conn):
+        sql = f"WITH m AS ({sql}) SELECT id, pg_notify(%s, '') FROM m"
+        params.append(notify)
     with conn.cursor() as cursor:
         cursor.execute(sql, params)
         row = cursor.fetchone()
@@ -183,7 +202,33 @@ def insert(alias: str, new: NewMessage) -> tuple[Message, bool]:
             if row is None:  # pragma: no cover - the conflicting row was deleted in between
                 raise RuntimeError("idempotency conflict on a message that no longer exists; send again")
             return _to_message(alias, conn, row), False
-    return _to_message(alias, conn, row), True
+    return _new_message(alias, int(row[0]), new), True
+
+
+def _new_message(alias: str, message_id: int, new: NewMessage) -> Message:
+    """The row just inserted, built from what was sent rather than read back: ``RETURNING`` every column
+    and converting it cost about 80 µs per ``send()`` (docs/performance.md). JSON is decoded from the
+    text written, and times are in UTC, so it equals what a read from the database returns."""
+    values = {
+        "id": message_id,
+        "uuid": new.uuid,
+        "topic": new.topic,
+        "key": new.key,
+        "payload": json.loads(new.payload_json),
+        "headers": json.loads(new.headers_json),
+        "idempotency_key": new.idempotency_key,
+        "status": PENDING,
+        "attempts": 0,
+        "max_attempts": new.max_attempts,
+        "available_at": new.available_at.astimezone(dt.UTC),
+        "created_at": new.created_at.astimezone(dt.UTC),
+        "delivered_at": None,
+        "locked_by": None,
+        "locked_until": None,
+        "last_error": "",
+        "visible_after_xid": None,  # stamped by the first claim that sees a keyed row
+    }
+    return Message.from_db(alias, _COLUMN_NAMES, [values[name] for name in _COLUMN_NAMES])
 
 
 # --- relaying ----------------------------------------------------------------------------------
@@ -227,7 +272,8 @@ def claim_sql(
 
     PostgreSQL adds a fence, because ids are taken at insert but rows appear at commit: a lower id of the
     same key may still be invisible in an open transaction. The statement first stamps keyed rows it sees
-    for the first time with its snapshot's xmax (the first transaction id not yet assigned); every
+    for the first time with the claiming transaction's own id (assigned after every id already in use; the
+    snapshot's xmax is only "latest completed + 1", below ids still running, so it would not do); every
     transaction that could hold a lower id of their key was running by then, and had its id (insert()
     takes it before the row id). A stamped row is claimable once the snapshot's xmin has reached the stamp:
     no transaction below it is still running, so any lower id of its key is visible or rolled back.
@@ -245,7 +291,7 @@ def claim_sql(
     if _is_pg(conn):
         sql = (
             f"WITH fence AS (UPDATE {MESSAGE} SET visible_after_xid ="
-            f" (SELECT pg_snapshot_xmax(pg_current_snapshot())::text::bigint)"
+            f" (SELECT pg_current_xact_id()::text::bigint)"
             f" WHERE id IN (SELECT id FROM {MESSAGE} WHERE status = %s AND key IS NOT NULL"
             f" AND visible_after_xid IS NULL ORDER BY id LIMIT %s FOR UPDATE SKIP LOCKED) RETURNING 1),"
             f" picked AS MATERIALIZED (SELECT c.id FROM {MESSAGE} AS c"

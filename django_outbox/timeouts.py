@@ -17,8 +17,9 @@ import threading
 from collections.abc import Callable
 from typing import Generic, TypeVar
 
-from django.db import close_old_connections, connections
+from django.db import connections
 
+from . import store
 from .exceptions import DeliveryTimeoutError
 
 T = TypeVar("T")
@@ -86,7 +87,7 @@ class BoundedCaller:
 def _serve(jobs: queue.SimpleQueue[_Job[object] | None]) -> None:
     try:
         while (job := jobs.get()) is not None:
-            close_old_connections()  # as the delivery thread does per batch: drop a broken connection
+            store.refresh_connections()  # as the delivery thread does per batch: drop a broken connection
             try:
                 job.result = job.func()
             except BaseException as exc:  # handed to the waiting thread, which raises it

@@ -5,6 +5,9 @@ from testproject.settings import *  # noqa: F403
 INSTALLED_APPS = [*INSTALLED_APPS, "tests.probe"]  # noqa: F405
 ROOT_URLCONF = "tests.urls"
 OUTBOX = {
+    # The demo's routes (orders.created goes to the shop's own webhook endpoint), with quick retries.
+    "TRANSPORTS": OUTBOX["TRANSPORTS"],  # noqa: F405
+    "ROUTES": OUTBOX["ROUTES"],  # noqa: F405
     "MAX_ATTEMPTS": 5,
     "BACKOFF_BASE_SECONDS": 0.05,
     "BACKOFF_MAX_SECONDS": 0.5,

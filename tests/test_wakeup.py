@@ -9,6 +9,7 @@ import psycopg
 import pytest
 from django.db import connection, transaction
 from django.test import override_settings
+from django.test.utils import CaptureQueriesContext
 
 from django_outbox import outbox
 from django_outbox.models import Message
@@ -40,6 +41,19 @@ def test_one_notification_per_committed_transaction(listen):
         for n in range(5):
             outbox.send("probe.created", {"n": n})
         assert listen(0.3) == 0  # nothing before the commit
+    assert listen() == 1
+
+
+def test_notification_rides_on_the_first_insert_no_extra_statement(listen):
+    with CaptureQueriesContext(connection) as queries, transaction.atomic():
+        outbox.send("probe.created", {"n": 1})
+        outbox.send("probe.created", {"n": 2})
+    statements = [q["sql"] for q in queries.captured_queries if "django_outbox_message" in q["sql"]]
+    assert len(statements) == 2
+    assert "pg_notify" in statements[0]
+    assert "pg_notify" not in statements[1]
+    # and no NOTIFY of its own after the commit (on_commit callbacks run inside the captured block)
+    assert not any("pg_notify" in q["sql"] and "INSERT" not in q["sql"] for q in queries.captured_queries)
     assert listen() == 1
 
 

@@ -1,0 +1,683 @@
+"""Each figure of docs/performance.md: how it is measured, always beside its reference in the same run.
+
+Runs in the harness process, with Django set up on ``bench.settings``. Repetitions of a figure and of its
+reference are interleaved (A B, B A, A B ...) so that drift in the shared machine's load hits both.
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+import os
+import random
+import socket
+import statistics
+import sys
+import threading
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any
+from urllib.parse import urlparse
+
+import psycopg
+
+from . import procs, tables
+
+Json = dict[str, Any]
+
+
+@dataclass(kw_only=True)
+class Sizes:
+    reps: int
+    send_transactions: int
+    drain_messages: int
+    drain_processes: tuple[int, ...]
+    latency_messages: int
+    history_small: int
+    history_large: int
+    claim_batches: int
+    open_tx_seconds: float
+    memory_messages: int
+    compare_messages: int
+
+
+SIZES = {
+    "full": Sizes(
+        reps=3,
+        send_transactions=2000,
+        drain_messages=40_000,
+        drain_processes=(1, 2, 4),
+        latency_messages=200,
+        history_small=10_000,
+        history_large=2_000_000,
+        claim_batches=50,
+        open_tx_seconds=60,
+        memory_messages=1_000_000,
+        compare_messages=3000,
+    ),
+    "quick": Sizes(
+        reps=3,
+        send_transactions=300,
+        drain_messages=5000,
+        drain_processes=(1, 2, 4),
+        latency_messages=200,
+        history_small=10_000,
+        history_large=200_000,
+        claim_batches=20,
+        open_tx_seconds=5,
+        memory_messages=30_000,
+        compare_messages=500,
+    ),
+    "smoke": Sizes(
+        reps=1,
+        send_transactions=20,
+        drain_messages=300,
+        drain_processes=(1,),
+        latency_messages=10,
+        history_small=1000,
+        history_large=2000,
+        claim_batches=3,
+        open_tx_seconds=1,
+        memory_messages=500,
+        compare_messages=50,
+    ),
+}
+
+
+@dataclass(kw_only=True)
+class Context:
+    dsn: str
+    sizes: Sizes
+    compare_python: str | None = None
+    log: Callable[[str], None] = print
+    notes: list[str] = field(default_factory=list)
+
+    @property
+    def compare_dsn(self) -> str:
+        parsed = urlparse(self.dsn)
+        return parsed._replace(path=parsed.path + "_compare").geturl()
+
+
+def median(values: list[float]) -> float:
+    return float(statistics.median(values)) if values else float("nan")
+
+
+def percentile(values: list[float], q: float) -> float:
+    ordered = sorted(values)
+    if not ordered:
+        return float("nan")
+    index = min(len(ordered) - 1, max(0, round(q / 100 * len(ordered)) - 1))
+    return ordered[index]
+
+
+def interleaved(reps: int) -> list[bool]:
+    """For each repetition, whether the measured thing goes first (alternating)."""
+    return [rep % 2 == 0 for rep in range(reps)]
+
+
+# --- a. send() overhead -----------------------------------------------------------------------
+
+
+def send_overhead(ctx: Context) -> Json:
+    """Per-transaction times with and without ``send()``, the two kinds interleaved one by one.
+
+    Interleaving each transaction (not each run) makes both sides see the same load of a shared machine;
+    the figure is the ratio of the median transaction times.
+    """
+    from django.db import transaction
+    from django.test import override_settings
+
+    from django_outbox import outbox
+    from testproject.shop.models import Order
+
+    n = ctx.sizes.send_transactions
+
+    def one(mode: str, i: int) -> float:
+        started = time.perf_counter()
+        with transaction.atomic():
+            order = Order.objects.create(customer_email="buyer@example.com", item="book", quantity=1 + i % 3)
+            if mode != "plain":
+                outbox.send("bench.noop", {"order_id": order.pk, "item": order.item, "quantity": order.quantity})
+        return time.perf_counter() - started
+
+    def run(modes: list[str]) -> dict[str, float]:
+        times: dict[str, list[float]] = {mode: [] for mode in modes}
+        for i in range(n):
+            for mode in modes if i % 2 == 0 else modes[::-1]:
+                times[mode].append(one(mode, i))
+        return {mode: median(values) * 1e6 for mode, values in times.items()}
+
+    run(["plain", "send"])  # warm-up: connections, caches, prepared plans
+    reps: list[Json] = []
+    for _ in range(ctx.sizes.reps):
+        times = run(["plain", "send"])
+        with override_settings(OUTBOX={**_outbox_settings(), "NOTIFY": False}):
+            quiet = run(["plain", "send"])
+        times["plain_2"], times["send_no_notify"] = quiet["plain"], quiet["send"]
+        reps.append(times)
+        ctx.log("  send: " + ", ".join(f"{k} {v:.0f} µs" for k, v in times.items()))
+    ratio = median([r["send"] / r["plain"] for r in reps])
+    return {
+        "transactions": n,
+        "plain_us_per_tx": median([r["plain"] for r in reps]),
+        "send_us_per_tx": median([r["send"] for r in reps]),
+        "send_no_notify_us_per_tx": median([r["send_no_notify"] for r in reps]),
+        "ratio": ratio,
+        "ratio_no_notify": median([r["send_no_notify"] / r["plain_2"] for r in reps]),
+        "target": "<= 1.3",
+        "ok": ratio <= 1.3,
+        "reps": reps,
+    }
+
+
+def _outbox_settings() -> dict[str, Any]:
+    from django.conf import settings
+
+    return dict(settings.OUTBOX)
+
+
+# --- b. drain throughput ----------------------------------------------------------------------
+
+
+@dataclass(frozen=True, kw_only=True)
+class System:
+    """Something that drains a backlog: how to start one worker, fill the backlog, see that it is done."""
+
+    name: str
+    start: Callable[[Context], procs.Proc]
+    ready: Callable[[Context, list[procs.Proc]], None]
+    reset: Callable[[Context], None]
+    fill: Callable[[Context, int], float]
+
+
+def _outbox_ready(ctx: Context, started: list[procs.Proc]) -> None:
+    for p in started:
+        p.wait_for_line("relaying")
+
+
+def _baseline_ready(ctx: Context, started: list[procs.Proc]) -> None:
+    for p in started:
+        p.wait_for_line("ready")
+
+
+def _outbox_reset(ctx: Context) -> None:
+    with tables.connect(ctx.dsn) as conn:
+        tables.truncate(conn)
+
+
+def _outbox_fill(ctx: Context, n: int) -> float:
+    with tables.connect(ctx.dsn) as conn:
+        return tables.fill_pending(conn, n)
+
+
+OUTBOX = System(
+    name="outbox",
+    start=lambda ctx: procs.outbox_worker(ctx.dsn, "--batch-size", "100"),
+    ready=_outbox_ready,
+    reset=_outbox_reset,
+    fill=_outbox_fill,
+)
+BASELINE = System(
+    name="baseline",
+    start=lambda ctx: procs.baseline_relay(ctx.dsn),
+    ready=_baseline_ready,
+    reset=_outbox_reset,
+    fill=_outbox_fill,
+)
+
+
+def drain_once(ctx: Context, system: System, processes: int, n: int) -> float:
+    """Messages per second for ``processes`` idle workers to drain a backlog of ``n`` committed at once."""
+    system.reset(ctx)
+    started = [system.start(ctx) for _ in range(processes)]
+    try:
+        system.ready(ctx, started)
+        time.sleep(0.5)  # let them settle into their idle wait
+        t0 = system.fill(ctx, n)
+        poll = psycopg.connect(ctx.compare_dsn if system.name in COMPARE_NAMES else ctx.dsn, autocommit=True)
+        with poll:
+            deadline = time.monotonic() + 120 + n / 100  # a stuck worker (e.g. failing queries) must not hang the run
+            while _busy_on(poll, system) and time.monotonic() < deadline:
+                for p in started:
+                    if not p.alive():
+                        raise RuntimeError(f"{system.name} worker died:\n" + "\n".join(p.lines[-30:]))
+                time.sleep(0.01)
+            t1 = time.time()
+            if time.monotonic() >= deadline:
+                raise RuntimeError(f"{system.name} did not drain {n} messages:\n" + "\n".join(started[0].lines[-30:]))
+    finally:
+        procs.stop_all(started)
+    return n / (t1 - t0)
+
+
+def _busy_on(conn: psycopg.Connection[tuple[object, ...]], system: System) -> bool:
+    sql = BUSY_SQL.get(system.name, BUSY_SQL["outbox"])
+    row = conn.execute(sql).fetchone()
+    return bool(row and row[0])
+
+
+BUSY_SQL = {
+    "outbox": "SELECT EXISTS (SELECT 1 FROM django_outbox_message WHERE status IN ('pending', 'processing'))",
+    "procrastinate": "SELECT EXISTS (SELECT 1 FROM procrastinate_jobs WHERE status IN ('todo', 'doing'))",
+    "django-tasks-db": (
+        "SELECT EXISTS (SELECT 1 FROM django_tasks_database_dbtaskresult WHERE status IN ('READY', 'RUNNING'))"
+    ),
+}
+COMPARE_NAMES = ("procrastinate", "django-tasks-db")
+
+
+def drain(ctx: Context) -> Json:
+    result: Json = {"messages": ctx.sizes.drain_messages, "batch_size": 100, "by_processes": {}}
+    for processes in ctx.sizes.drain_processes:
+        reps: list[Json] = []
+        for first in interleaved(ctx.sizes.reps):
+            rates: dict[str, float] = {}
+            for system in [OUTBOX, BASELINE] if first else [BASELINE, OUTBOX]:
+                rates[system.name] = drain_once(ctx, system, processes, ctx.sizes.drain_messages)
+            reps.append(rates)
+            ctx.log(f"  drain x{processes}: " + ", ".join(f"{k} {v:,.0f}/s" for k, v in rates.items()))
+        ratio = median([r["outbox"] / r["baseline"] for r in reps])
+        result["by_processes"][str(processes)] = {
+            "outbox_per_s": median([r["outbox"] for r in reps]),
+            "baseline_per_s": median([r["baseline"] for r in reps]),
+            "ratio": ratio,
+            "target": ">= 0.5 (aim 0.8)",
+            "ok": ratio >= 0.5,
+            "reps": reps,
+        }
+    return result
+
+
+# --- c. latency -------------------------------------------------------------------------------
+
+
+def latency(ctx: Context, *, database: str) -> Json:
+    """Commit to handler start for messages sent one per transaction to an idle worker."""
+    from django.db import transaction
+
+    from django_outbox import outbox
+
+    receiver = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
+    receiver.bind(("127.0.0.1", 0))
+    receiver.settimeout(0.2)
+    port = receiver.getsockname()[1]
+    arrived: dict[int, float] = {}
+    done = threading.Event()
+
+    def receive() -> None:
+        while not done.is_set():
+            try:
+                data = receiver.recv(100)
+            except TimeoutError:
+                continue
+            message_id, at = data.decode().split()
+            arrived[int(message_id)] = float(at)
+
+    listener = threading.Thread(target=receive, daemon=True)
+    listener.start()
+    poll_interval = "1.0"
+    worker = procs.outbox_worker(
+        ctx.dsn,
+        "--database",
+        database,
+        env={"BENCH_UDP_PORT": str(port), "BENCH_POLL_INTERVAL": poll_interval},
+    )
+    reps: list[Json] = []
+    try:
+        worker.wait_for_line("relaying")
+        time.sleep(1.0)
+        for _ in range(ctx.sizes.reps):
+            arrived.clear()
+            committed: dict[int, float] = {}
+            for i in range(ctx.sizes.latency_messages):
+                with transaction.atomic(using=database):
+                    message = outbox.send("bench.latency", {"n": i}, headers={"bench-latency": "1"}, using=database)
+                    committed[message.id] = time.time()  # before COMMIT: the figure includes the commit itself
+                time.sleep(random.uniform(0.005, 0.015))
+            deadline = time.monotonic() + 10
+            while len(arrived) < len(committed) and time.monotonic() < deadline:
+                time.sleep(0.05)
+            ms = [(arrived[k] - committed[k]) * 1000 for k in committed if k in arrived]
+            rep = {
+                "p50_ms": percentile(ms, 50),
+                "p95_ms": percentile(ms, 95),
+                "p99_ms": percentile(ms, 99),
+                "received": len(ms),
+                "sent": len(committed),
+            }
+            reps.append(rep)
+            ctx.log(f"  latency {database}: " + ", ".join(f"{k} {v:.1f}" for k, v in rep.items()))
+    finally:
+        worker.stop()
+        done.set()
+        listener.join()
+        receiver.close()
+    result: Json = {
+        "database": database,
+        "messages_per_rep": ctx.sizes.latency_messages,
+        "p50_ms": median([r["p50_ms"] for r in reps]),
+        "p95_ms": median([r["p95_ms"] for r in reps]),
+        "p99_ms": median([r["p99_ms"] for r in reps]),
+        "lost": sum(r["sent"] - r["received"] for r in reps),
+        "reps": reps,
+    }
+    if database == "default":
+        result["target"] = "p50 <= 5 ms, p99 <= 20 ms"
+        result["ok"] = result["p50_ms"] <= 5 and result["p99_ms"] <= 20 and result["lost"] == 0
+    else:
+        result["poll_interval_s"] = float(poll_interval)
+    return result
+
+
+# --- d. scale ---------------------------------------------------------------------------------
+
+
+def claim_cost(ctx: Context) -> Json:
+    """Milliseconds per claim (and per record) of 100 messages, with little and with much history.
+
+    Each batch alternates between Django's usual client-side binding (``default``, what the worker
+    uses) and server-side binding with prepared statements (``prepared``), to show what preparing buys.
+    """
+    from django.db import connections
+    from django.utils import timezone
+
+    from django_outbox import store
+
+    per_size: Json = {}
+    batches = ctx.sizes.claim_batches
+    aliases = ("default", "prepared")
+    for label, history in (("small", ctx.sizes.history_small), ("large", ctx.sizes.history_large)):
+        with tables.connect(ctx.dsn) as conn:
+            tables.truncate(conn)
+            ctx.log(f"  filling {history:,} rows of history ...")
+            tables.fill_history(conn, history)
+            conn.execute(tables.PENDING, {"n": 100 * (batches * ctx.sizes.reps + 6) * len(aliases)})
+            tables.vacuum(conn)
+        record_errors: dict[str, str] = {}
+        for alias in aliases:
+            connections[alias].close()
+            for _ in range(6):  # warm-up, and past psycopg's prepare threshold (5)
+                _claim_and_record(alias, store, timezone, record_errors)
+        reps: list[Json] = []
+        for _ in range(ctx.sizes.reps):
+            times: dict[str, list[float]] = {f"{kind}_{alias}": [] for kind in ("claim", "record") for alias in aliases}
+            for i in range(batches):
+                for alias in aliases if i % 2 == 0 else aliases[::-1]:
+                    claim_s, record_s = _claim_and_record(alias, store, timezone, record_errors)
+                    times[f"claim_{alias}"].append(claim_s * 1000)
+                    if record_s is not None:
+                        times[f"record_{alias}"].append(record_s * 1000)
+            reps.append({k: median(v) for k, v in times.items() if v})
+        figure: Json = {
+            "history_rows": history,
+            **{k: median([r[k] for r in reps if k in r]) for k in reps[0]},
+            "reps": reps,
+        }
+        figure["claim_ms"] = figure["claim_default"]
+        figure["record_ms"] = figure["record_default"]
+        if record_errors:
+            figure["record_errors"] = record_errors
+        per_size[label] = figure
+        ctx.log(f"  with {history:,} rows of history: " + ", ".join(f"{k} {v:.2f} ms" for k, v in reps[-1].items()))
+    ratio = per_size["large"]["claim_ms"] / per_size["small"]["claim_ms"]
+    return {
+        **per_size,
+        "ratio": ratio,
+        "record_ratio": per_size["large"]["record_ms"] / per_size["small"]["record_ms"],
+        "target": "<= 1.25",
+        "ok": ratio <= 1.25,
+    }
+
+
+def _claim_and_record(alias: str, store: Any, timezone: Any, errors: dict[str, str]) -> tuple[float, float | None]:
+    from django.db import DatabaseError
+
+    t = time.perf_counter()
+    batch = store.claim(alias, worker=f"bench:{alias}", limit=100, lease_seconds=60)
+    claim_s = time.perf_counter() - t
+    now = timezone.now()
+    outcomes = [
+        store.Outcome(message_id=m.id, number=m.attempts, status=store.DELIVERED, started_at=now, finished_at=now)
+        for m in batch
+    ]
+    t = time.perf_counter()
+    try:
+        store.record(alias, worker=f"bench:{alias}", outcomes=outcomes)
+    except DatabaseError as exc:  # reported as a finding, and the rows are acknowledged the usual way
+        errors[alias] = str(exc).strip()
+        store.record("default", worker=f"bench:{alias}", outcomes=outcomes)
+        return claim_s, None
+    return claim_s, time.perf_counter() - t
+
+
+def open_transaction(ctx: Context, *, expected_rate: float) -> Json:
+    """Throughput of one worker while another session holds a transaction open, against none.
+
+    The transaction (with an xid, so vacuum must keep every row version it might see) is opened before
+    the backlog is committed and held for the whole window; the worker drains until the backlog is gone
+    or the window ends. The backlog is sized to last about the window at the rate measured in b.
+    """
+    window = ctx.sizes.open_tx_seconds
+    backlog = int(min(400_000, max(1000, expected_rate * window)))
+
+    def once(hold: bool) -> float:
+        _outbox_reset(ctx)
+        holder = psycopg.connect(ctx.dsn) if hold else None
+        worker = OUTBOX.start(ctx)
+        try:
+            OUTBOX.ready(ctx, [worker])
+            time.sleep(0.5)
+            if holder is not None:
+                holder.execute("SELECT txid_current()")  # an xid: vacuum cannot remove what it might see
+            t0 = _outbox_fill(ctx, backlog)
+            with tables.connect(ctx.dsn) as conn:
+                while time.time() < t0 + window and _busy_on(conn, OUTBOX):
+                    time.sleep(0.1)
+                elapsed = time.time() - t0
+                delivered = tables.count(conn, "delivered")
+        finally:
+            worker.stop()
+            if holder is not None:
+                holder.rollback()
+                holder.close()
+        return delivered / elapsed
+
+    reps: list[Json] = []
+    for first in interleaved(ctx.sizes.reps):
+        rates: dict[str, float] = {}
+        for hold in [True, False] if first else [False, True]:
+            rates["held" if hold else "free"] = once(hold)
+        reps.append(rates)
+        ctx.log(f"  open transaction ({window:.0f}s): " + ", ".join(f"{k} {v:,.0f}/s" for k, v in rates.items()))
+    ratio = median([r["held"] / r["free"] for r in reps])
+    return {
+        "window_s": window,
+        "backlog": backlog,
+        "free_per_s": median([r["free"] for r in reps]),
+        "held_per_s": median([r["held"] for r in reps]),
+        "ratio": ratio,
+        "drop_percent": (1 - ratio) * 100,
+        "reps": reps,
+    }
+
+
+# --- e. memory --------------------------------------------------------------------------------
+
+
+def memory(ctx: Context) -> Json:
+    """RSS of one worker over the relaying of a large backlog, sampled at each progress line."""
+    n = ctx.sizes.memory_messages
+    with tables.connect(ctx.dsn) as conn:
+        tables.truncate(conn)
+        ctx.log(f"  filling {n:,} pending messages ...")
+        for start in range(0, n, 100_000):
+            conn.execute(tables.PENDING, {"n": min(100_000, n - start)})
+        tables.vacuum(conn)
+    worker = procs.outbox_worker(ctx.dsn, "--until-empty", "--batch-size", "100")
+    samples: list[tuple[float, int, int]] = []  # (seconds, delivered so far, RSS KiB)
+    t0 = time.monotonic()
+    delivered = 0
+    try:
+        while worker.alive():
+            progress = [line for line in worker.lines[-5:] if line.startswith("delivered ")]
+            if progress:
+                delivered = int(progress[-1].split()[1])
+            try:
+                rss = worker.rss_kib()
+            except FileNotFoundError:  # it has just exited
+                break
+            samples.append((time.monotonic() - t0, delivered, rss))
+            time.sleep(0.25)
+        code = worker.stop()
+    finally:
+        worker.stop()
+    if code != 0:
+        raise RuntimeError("memory run: worker failed:\n" + "\n".join(worker.lines[-30:]))
+    warm = [s for s in samples if s[1] >= n * 0.1] or samples
+    after_warm = warm[0][2] if warm else 0
+    final = samples[-1][2] if samples else 0
+
+    def rate(start: float, end: float) -> float:
+        inside = [x for x in samples if n * start <= x[1] <= n * end]
+        if len(inside) < 2 or inside[-1][0] == inside[0][0]:
+            return float("nan")
+        return (inside[-1][1] - inside[0][1]) / (inside[-1][0] - inside[0][0])
+
+    return {
+        "messages": n,
+        "seconds": time.monotonic() - t0,
+        "rate_first_quarter_per_s": rate(0.0, 0.25),
+        "rate_last_quarter_per_s": rate(0.75, 1.0),
+        "rss_after_warmup_kib": after_warm,
+        "rss_final_kib": final,
+        "rss_max_kib": max((s[2] for s in samples), default=0),
+        "growth_percent": (final / after_warm - 1) * 100 if after_warm else float("nan"),
+        "samples": samples,
+    }
+
+
+# --- comparisons --------------------------------------------------------------------------------
+
+
+def _compare_env(ctx: Context) -> dict[str, str]:
+    return {"BENCH_COMPARE_DSN": ctx.compare_dsn, "PYTHONPATH": str(procs.ROOT)}
+
+
+def _compare_run(ctx: Context, *args: str, settings: str | None = None) -> str:
+    assert ctx.compare_python is not None
+    env = _compare_env(ctx)
+    if settings:
+        env["DJANGO_SETTINGS_MODULE"] = settings
+    p = procs.Proc([ctx.compare_python, *args], env=env)
+    code = p.proc.wait(timeout=900)
+    p.join_output()
+    if code != 0:
+        raise RuntimeError(f"{args}: exit {code}:\n" + "\n".join(p.lines[-30:]))
+    return p.lines[-1] if p.lines else ""
+
+
+TASKS_SETTINGS = "bench.compare.tasks_settings"
+
+
+def _procrastinate(ctx: Context) -> System:
+    def start(c: Context) -> procs.Proc:
+        assert c.compare_python is not None
+        cli = os.path.join(os.path.dirname(c.compare_python), "procrastinate")
+        return procs.Proc(
+            [cli, "--app=bench.compare.procrastinate_app.app", "worker", "--queues", "bench", "--concurrency", "1"],
+            env=_compare_env(c),
+        )
+
+    def ready(c: Context, started: list[procs.Proc]) -> None:
+        with psycopg.connect(c.compare_dsn, autocommit=True) as conn:
+
+            def registered() -> bool:
+                row = conn.execute("SELECT count(*) FROM procrastinate_workers").fetchone()
+                return bool(row and row[0] >= len(started))
+
+            started[0].wait_for(registered, "workers registered")
+
+    def reset(c: Context) -> None:
+        with psycopg.connect(c.compare_dsn, autocommit=True) as conn:
+            conn.execute("TRUNCATE procrastinate_jobs, procrastinate_events, procrastinate_workers CASCADE")
+
+    return System(
+        name="procrastinate",
+        start=start,
+        ready=ready,
+        reset=reset,
+        fill=lambda c, n: float(_compare_run(c, "-m", "bench.compare.procrastinate_app", "fill", str(n))),
+    )
+
+
+def _django_tasks_ready(ctx: Context, started: list[procs.Proc]) -> None:
+    for p in started:
+        p.wait_for_line("Starting worker")
+
+
+def _django_tasks(ctx: Context) -> System:
+    def start(c: Context) -> procs.Proc:
+        assert c.compare_python is not None
+        env = {**_compare_env(c), "DJANGO_SETTINGS_MODULE": TASKS_SETTINGS}
+        return procs.Proc(
+            [c.compare_python, "-m", "django", "db_worker", "--interval", "0.1", "--no-startup-delay", "--no-reload"],
+            env=env,
+        )
+
+    def reset(c: Context) -> None:
+        with psycopg.connect(c.compare_dsn, autocommit=True) as conn:
+            conn.execute("TRUNCATE django_tasks_database_dbtaskresult")
+
+    return System(
+        name="django-tasks-db",
+        start=start,
+        ready=_django_tasks_ready,
+        reset=reset,
+        fill=lambda c, n: float(
+            _compare_run(c, "-m", "bench.compare.django_tasks_app", "fill", str(n), settings=TASKS_SETTINGS)
+        ),
+    )
+
+
+def compare(ctx: Context, reference: Json) -> Json:
+    """Drain rate of other Python queues with a no-op task, against the baseline measured in this run."""
+    if not ctx.compare_python:
+        ctx.notes.append("comparisons skipped: no --compare-python (see docs/performance.md)")
+        return {}
+    tables.ensure_database(ctx.compare_dsn)
+    _compare_run(ctx, "-m", "bench.compare.procrastinate_app", "schema")
+    _compare_run(ctx, "-m", "bench.compare.django_tasks_app", "migrate", settings=TASKS_SETTINGS)
+    result: Json = {"messages": ctx.sizes.compare_messages}
+    for system in (_procrastinate(ctx), _django_tasks(ctx)):
+        by_processes: Json = {}
+        for processes in ctx.sizes.drain_processes:
+            rates = [drain_once(ctx, system, processes, ctx.sizes.compare_messages) for _ in range(ctx.sizes.reps)]
+            baseline = reference.get("by_processes", {}).get(str(processes), {}).get("baseline_per_s")
+            by_processes[str(processes)] = {
+                "per_s": median(rates),
+                "ratio_to_baseline": median(rates) / baseline if baseline else None,
+                "reps": rates,
+            }
+            ctx.log(f"  {system.name} x{processes}: {median(rates):,.0f}/s")
+        result[system.name] = by_processes
+    return result
+
+
+def environment() -> Json:
+    import django
+
+    info: Json = {
+        "python": sys.version.split()[0],
+        "django": django.get_version(),
+        "psycopg": psycopg.__version__,
+        "cpus": os.cpu_count(),
+        "when": dt.datetime.now(dt.UTC).isoformat(timespec="seconds"),
+    }
+    try:
+        for line in open("/proc/cpuinfo").read().splitlines():
+            if line.startswith("model name"):
+                info["cpu"] = line.split(":", 1)[1].strip()
+                break
+    except OSError:
+        pass
+    return info

@@ -1,0 +1,37 @@
+"""Settings for the benchmark: the demo's, plus an app with a no-op handler and an SQLite database beside PostgreSQL.
+
+``default`` is PostgreSQL from ``DATABASE_URL`` (its own database, never a test one); ``sqlite`` is a file
+under ``bench/results/`` used only for the polling-latency figure.
+"""
+
+import os
+from pathlib import Path
+
+os.environ.setdefault("DATABASE_URL", "postgres://postgres@127.0.0.1:5432/bench_outbox")
+
+from testproject.settings import *  # noqa: F403
+
+RESULTS = Path(__file__).resolve().parent / "results"
+RESULTS.mkdir(exist_ok=True)
+
+DEBUG = False
+INSTALLED_APPS = [*INSTALLED_APPS, "bench.noop"]  # noqa: F405
+DATABASES["sqlite"] = {  # noqa: F405
+    "ENGINE": "django.db.backends.sqlite3",
+    "NAME": os.environ.get("BENCH_SQLITE_PATH", str(RESULTS / "bench.sqlite3")),
+    "OPTIONS": {"transaction_mode": "IMMEDIATE", "timeout": 20, "init_command": "PRAGMA journal_mode=WAL;"},
+}
+# The same database through cursors that bind server-side, so psycopg prepares frequent statements:
+# the claim-cost figure runs the store's statements through both, interleaved.
+DATABASES["prepared"] = {  # noqa: F405
+    **DATABASES["default"],  # noqa: F405
+    "OPTIONS": {**DATABASES["default"].get("OPTIONS", {}), "server_side_binding": True},  # noqa: F405
+}
+if os.environ.get("BENCH_SERVER_SIDE_BINDING") == "1":  # the workers too
+    DATABASES["default"] = DATABASES["prepared"]  # noqa: F405
+OUTBOX = {
+    "MAX_ATTEMPTS": 5,
+    "POLL_INTERVAL_SECONDS": float(os.environ.get("BENCH_POLL_INTERVAL", "1.0")),
+    "LEASE_SECONDS": 60.0,
+}
+LOGGING["loggers"]["django_outbox"]["level"] = "ERROR"  # type: ignore[index]  # noqa: F405

@@ -1,0 +1,63 @@
+"""The benchmark harness in its tiniest mode, so it cannot rot. Its figures are not checked: no timings in tests."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+
+import psycopg
+import pytest
+from django.db import connection
+
+from .conftest import ROOT
+
+pytestmark = [pytest.mark.usefixtures("postgres"), pytest.mark.slow]
+
+SECTIONS = "send,drain,latency,scale,opentx,memory"  # all but the comparisons, which need their own virtualenv
+FIGURES = {
+    "send",
+    "drain",
+    "latency_postgresql",
+    "latency_sqlite",
+    "claim_cost",
+    "open_transaction",
+    "memory",
+}
+
+
+@pytest.fixture
+def bench_dsn():
+    """A database of the benchmark's own beside the test database (never the test database itself)."""
+    s = connection.settings_dict
+    server = f"postgres://{s['USER'] or 'postgres'}@{s['HOST'] or '127.0.0.1'}:{s['PORT'] or 5432}"
+    name = f"{s['NAME']}_benchsmoke"
+    yield f"{server}/{name}"
+    with psycopg.connect(f"{server}/postgres", autocommit=True) as conn:
+        conn.execute(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)')
+
+
+def test_smoke_run_measures_every_figure(bench_dsn, tmp_path):
+    output = tmp_path / "results.json"
+    run = subprocess.run(
+        [sys.executable, "bench/run.py", "--smoke", "--only", SECTIONS, "--output", str(output)],
+        cwd=ROOT,
+        env={**os.environ, "DATABASE_URL": bench_dsn, "BENCH_SQLITE_PATH": str(tmp_path / "bench.sqlite3")},
+        capture_output=True,
+        text=True,
+        timeout=240,
+    )
+    assert run.returncode == 0, run.stdout[-3000:] + run.stderr[-3000:]
+    results = json.loads(output.read_text())
+    figures = results["figures"]
+    assert set(figures) == FIGURES
+    # Every message sent for the latency figures reached the handler, on both databases.
+    for key in ("latency_postgresql", "latency_sqlite"):
+        assert figures[key]["lost"] == 0
+        assert all(rep["received"] == rep["sent"] > 0 for rep in figures[key]["reps"])
+    assert figures["drain"]["by_processes"]["1"]["reps"]
+    assert figures["memory"]["messages"] == 500
+    # The table the command prints names each figure.
+    for row in ("a. send()", "b. drain", "c. commit to handler", "d. claim 100", "d. drain with", "e. worker RSS"):
+        assert row in run.stdout
