@@ -70,9 +70,9 @@ STATIC_URL = "static/"
 # emails through the outbox, and handles cancellations with a local handler (shop/outbox.py).
 SHOP_WEBHOOK_SECRET = env("SHOP_WEBHOOK_SECRET", default="whsec_ZGVtby13ZWJob29rLXNlY3JldC1ub3QtZm9yLXByb2R1Y3Rpb24=")
 SHOP_WEBHOOK_URL = env("SHOP_WEBHOOK_URL", default="http://127.0.0.1:8000/webhooks/orders/")
-EMAIL_FILE_PATH = env("EMAIL_FILE_PATH", default=str(BASE_DIR / "demo-mail"))
+DEMO_MAIL_DIR = env("DEMO_MAIL_DIR", default=str(BASE_DIR / "demo-mail"))
 DEFAULT_FROM_EMAIL = "shop@example.com"
-_REAL_EMAIL_BACKEND = env("REAL_EMAIL_BACKEND", default="django.core.mail.backends.filebased.EmailBackend")
+_FILE_EMAIL_BACKEND = "django.core.mail.backends.filebased.EmailBackend"  # the demo's "real" mail server
 
 OUTBOX = {
     "MAX_ATTEMPTS": env.int("OUTBOX_MAX_ATTEMPTS", default=5),
@@ -95,12 +95,13 @@ OUTBOX = {
 if django.VERSION >= (6, 1):
     MAILERS = {
         "default": {"BACKEND": "django_outbox.mail.EmailBackend"},
-        "real": {"BACKEND": _REAL_EMAIL_BACKEND},
+        "real": {"BACKEND": _FILE_EMAIL_BACKEND, "OPTIONS": {"file_path": DEMO_MAIL_DIR}},
     }
     OUTBOX["EMAIL_MAILER"] = "real"
 else:
     EMAIL_BACKEND = "django_outbox.mail.EmailBackend"
-    OUTBOX["EMAIL_BACKEND"] = _REAL_EMAIL_BACKEND
+    EMAIL_FILE_PATH = DEMO_MAIL_DIR
+    OUTBOX["EMAIL_BACKEND"] = _FILE_EMAIL_BACKEND
 
 LOGGING = {
     "version": 1,

@@ -33,6 +33,18 @@ def require_service(name: str, host: str, port: int) -> None:
         pytest.skip(f"{name} not reachable at {host}:{port}")
 
 
+@pytest.fixture(scope="session", autouse=True)
+def _json_support_known(django_db_setup, django_db_blocker) -> None:
+    """Django 6.x's model checks ask each database whether it supports JSON fields, so a test that runs
+    ``run_checks()`` (as ``manage.py check`` does) would need database access. The answer is cached on
+    the connection: ask once, up front."""
+    from django.db import connections
+
+    with django_db_blocker.unblock():
+        for alias in connections:
+            connections[alias].features.supports_json_field  # noqa: B018
+
+
 @pytest.fixture
 def postgres() -> None:
     """For tests of PostgreSQL-only behaviour (the suite also runs on SQLite, where these skip)."""

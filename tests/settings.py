@@ -14,7 +14,7 @@ OUTBOX = {
     "POLL_INTERVAL_SECONDS": 0.5,
 }
 # The demo sends its email through the outbox; tests choose their email setup themselves.
-for _name in ("MAILERS", "EMAIL_BACKEND"):
+for _name in ("MAILERS", "EMAIL_BACKEND", "EMAIL_FILE_PATH"):
     globals().pop(_name, None)
 PASSWORD_HASHERS = ["django.contrib.auth.hashers.MD5PasswordHasher"]
 LOGGING["loggers"]["django_outbox"]["level"] = "ERROR"  # type: ignore[index]  # noqa: F405

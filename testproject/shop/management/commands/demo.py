@@ -45,7 +45,7 @@ class Command(BaseCommand):
         hooks = dict(outbox["TRANSPORTS"]["shop-webhooks"])
         hooks["OPTIONS"] = {**hooks["OPTIONS"], "URL": url}
         outbox["TRANSPORTS"] = {**outbox["TRANSPORTS"], "shop-webhooks": hooks}
-        mail_dir = Path(settings.EMAIL_FILE_PATH)
+        mail_dir = Path(settings.DEMO_MAIL_DIR)
         mails_before = set(mail_dir.glob("*")) if mail_dir.exists() else set()
         marks = (Shipment.objects.count(), Notification.objects.count(), Message.objects.order_by("-id").first())
         try:
