@@ -100,6 +100,13 @@ _NUMBERS: dict[str, tuple[type, float]] = {
     "EMAIL_VIEW_MAX_AGE_SECONDS": (float, 1),
 }
 _KNOWN = set(OutboxSettings.__dataclass_fields__)
+#: Settings given as a timedelta or a number of seconds, with the check id of a bad value.
+_DURATIONS = (
+    ("INBOX_RETENTION", "django_outbox.E060"),
+    ("IDEMPOTENCY_KEY_TTL", "django_outbox.E061"),
+    ("RETENTION", "django_outbox.E071"),
+    ("ARCHIVE_AFTER", "django_outbox.E073"),
+)
 
 
 def _parse(raw: object) -> tuple[OutboxSettings, list[Problem]]:
@@ -184,7 +191,7 @@ def _parse(raw: object) -> tuple[OutboxSettings, list[Problem]]:
             )
         )
 
-    for name, check_id in (("INBOX_RETENTION", "django_outbox.E060"), ("IDEMPOTENCY_KEY_TTL", "django_outbox.E061")):
+    for name, check_id in _DURATIONS:
         if name in raw:
             duration = _duration(raw[name])
             if duration is None:
@@ -252,19 +259,6 @@ def _parse_retention(raw: Mapping[str, Any], values: dict[str, Any]) -> list[Pro
                         "Fix the value or remove the key to use the default.",
                     )
                 )
-    for name, check_id in (("RETENTION", "django_outbox.E071"), ("ARCHIVE_AFTER", "django_outbox.E073")):
-        if name in raw:
-            duration = _duration(raw[name])
-            if duration is None:
-                problems.append(
-                    Problem(
-                        check_id,
-                        f"OUTBOX[{name!r}] must be a positive timedelta or number of seconds, not {raw[name]!r}.",
-                        "Example: datetime.timedelta(days=7). Remove the key to use the default.",
-                    )
-                )
-            else:
-                values[name] = duration
     if "HOUSEKEEPING_INTERVAL_SECONDS" in raw:
         value = raw["HOUSEKEEPING_INTERVAL_SECONDS"]
         if isinstance(value, bool) or not isinstance(value, int | float) or not 0 <= value < 10**9:
