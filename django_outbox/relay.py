@@ -239,6 +239,10 @@ class Relay:
                         failures = 0
                         continue
                     if cfg.until_empty and not store.work_in_progress(cfg.database, topics=cfg.topics):
+                        # Look once more: between the empty claim and that check, a message may have
+                        # become claimable (a fence lifted, a lease reaped). Nothing new can be waiting now.
+                        if self._cycle(transports):
+                            continue
                         logger.info("nothing left to claim now and nothing in flight: stopping")
                         self._stopping.set()
                         break
