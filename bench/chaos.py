@@ -181,7 +181,10 @@ def produce(producer: int, count: int, duration: float, broker_share: float, out
             for key, n in zip(keys, numbers, strict=True):
                 payload, attempts = payload_for(n)
                 topic = BROKER_TOPIC if payload["kind"] == "normal" and rng.random() < broker_share else TOPIC
-                outbox.send(topic, payload, key=f"k{n % 50}", idempotency_key=key, max_attempts=attempts)
+                # Poison and hung messages end dead by design, and a dead message blocks the later
+                # messages of its key (OUTBOX["ORDERING"] = "block"): send them without a key.
+                ordering_key = f"k{n % 50}" if payload["kind"] == "normal" else None
+                outbox.send(topic, payload, key=ordering_key, idempotency_key=key, max_attempts=attempts)
             if rollback:
                 raise Rollback
 
