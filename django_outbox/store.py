@@ -374,7 +374,7 @@ def _record_pg(conn: BaseDatabaseWrapper, worker: str, outcomes: Sequence[Outcom
         ), ins AS (
             INSERT INTO {ATTEMPT} (message_id, number, started_at, finished_at, worker, outcome, error)
             SELECT o.id, o.number, o.started_at, o.finished_at, %s, o.outcome,
-                   CASE WHEN upd.id IS NULL THEN concat_ws(E'\\n', %s, NULLIF(o.error, '')) ELSE o.error END
+                   CASE WHEN upd.id IS NULL THEN concat_ws(E'\\n', %s::text, NULLIF(o.error, '')) ELSE o.error END
             FROM o LEFT JOIN upd ON upd.id = o.id
         )
         SELECT o.id FROM o LEFT JOIN upd ON upd.id = o.id WHERE upd.id IS NULL
