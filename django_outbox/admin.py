@@ -57,6 +57,22 @@ def status_badge(status: str) -> SafeString:
     return format_html('<span class="outbox-badge outbox-{}">{}</span>', status, label)
 
 
+def exact_match(search_term: str) -> Q | None:
+    """The admin search of messages (live or archived): exact matches on indexed columns only, since
+    ``icontains`` would scan the whole table. None for an empty term."""
+    term = search_term.strip()
+    if not term:
+        return None
+    match = Q(idempotency_key=term) | Q(key=term) | Q(topic=term)
+    try:
+        match |= Q(uuid=uuid_module.UUID(term))
+    except ValueError:
+        pass
+    if term.isdigit() and int(term) < 2**63:
+        match |= Q(id=int(term))
+    return match
+
+
 def pretty_json(value: object) -> SafeString:
     text = json.dumps(value, indent=2, ensure_ascii=False, sort_keys=True, cls=DjangoJSONEncoder)
     return format_html('<pre class="outbox-json">{}</pre>', text)
@@ -174,17 +190,8 @@ class MessageAdmin(admin.ModelAdmin):  # type: ignore[type-arg]  # generic only 
         self, request: HttpRequest, queryset: QuerySet[Message], search_term: str
     ) -> tuple[QuerySet[Message], bool]:
         """Exact matches only, each served by an index; ``icontains`` would scan the whole table."""
-        term = search_term.strip()
-        if not term:
-            return queryset, False
-        match = Q(idempotency_key=term) | Q(key=term) | Q(topic=term)
-        try:
-            match |= Q(uuid=uuid_module.UUID(term))
-        except ValueError:
-            pass
-        if term.isdigit() and int(term) < 2**63:
-            match |= Q(id=int(term))
-        return queryset.filter(match), False
+        match = exact_match(search_term)
+        return (queryset, False) if match is None else (queryset.filter(match), False)
 
     # --- list columns ----------------------------------------------------------------------------
 

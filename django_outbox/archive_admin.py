@@ -2,16 +2,15 @@
 
 from __future__ import annotations
 
-import uuid as uuid_module
 from typing import Any
 
 from django.contrib import admin
-from django.db.models import Q, QuerySet
+from django.db.models import QuerySet
 from django.http import HttpRequest
 from django.utils.safestring import SafeString
 from django.utils.translation import gettext_lazy as _
 
-from .admin import pretty_json, status_badge
+from .admin import exact_match, pretty_json, status_badge
 from .archive_models import ArchivedAttempt, ArchivedMessage
 from .counting import EstimatingPaginator
 
@@ -71,17 +70,8 @@ class ArchivedMessageAdmin(ReadOnly, admin.ModelAdmin):  # type: ignore[type-arg
         self, request: HttpRequest, queryset: QuerySet[ArchivedMessage], search_term: str
     ) -> tuple[QuerySet[ArchivedMessage], bool]:
         """Exact matches only, each served by an index of every partition."""
-        term = search_term.strip()
-        if not term:
-            return queryset, False
-        match = Q(idempotency_key=term) | Q(key=term) | Q(topic=term)
-        try:
-            match |= Q(uuid=uuid_module.UUID(term))
-        except ValueError:
-            pass
-        if term.isdigit() and int(term) < 2**63:
-            match |= Q(id=int(term))
-        return queryset.filter(match), False
+        match = exact_match(search_term)
+        return (queryset, False) if match is None else (queryset.filter(match), False)
 
     @admin.display(description=_("status"), ordering="status")
     def status_display(self, obj: ArchivedMessage) -> SafeString:
