@@ -18,7 +18,7 @@ from django.utils.module_loading import import_string
 
 from ..conf import get_settings
 from ..exceptions import DeliveryError, PermanentDeliveryError, TransientDeliveryError
-from ..transports.base import BaseTransport
+from ..transports.base import BatchTransport
 from .payload import from_payload
 
 if TYPE_CHECKING:
@@ -69,15 +69,10 @@ def real_backend() -> BaseEmailBackend:
     return built
 
 
-class EmailTransport(BaseTransport):
+class EmailTransport(BatchTransport):
     def __init__(self, *, name: str, options: Mapping[str, Any]) -> None:
         super().__init__(name=name, options=options)
         self._backend: BaseEmailBackend | None = None
-
-    def deliver(self, message: Message) -> None:
-        (result,) = self.deliver_batch([message])
-        if result is not None:
-            raise result
 
     def deliver_batch(self, messages: Sequence[Message]) -> list[BaseException | None]:
         results: list[BaseException | None] = []

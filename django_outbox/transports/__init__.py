@@ -1,5 +1,5 @@
 """Destinations behind one interface; each backend is chosen by dotted path in ``OUTBOX["TRANSPORTS"]``."""
 
-from .base import BaseTransport
+from .base import BaseTransport, BatchTransport
 
-__all__ = ["BaseTransport"]
+__all__ = ["BaseTransport", "BatchTransport"]

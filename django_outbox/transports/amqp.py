@@ -96,11 +96,6 @@ class AMQPTransport(BrokerTransport):
 
     # --- delivery --------------------------------------------------------------------------------
 
-    def deliver(self, message: Message) -> None:
-        result = self.deliver_batch([message])[0]
-        if result is not None:
-            raise result
-
     def deliver_batch(self, messages: Sequence[Message]) -> list[BaseException | None]:
         try:
             self._ensure_open()

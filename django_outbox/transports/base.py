@@ -65,3 +65,18 @@ class BaseTransport:
     @classmethod
     def supports_batch(cls) -> bool:
         return cls.deliver_batch is not BaseTransport.deliver_batch
+
+
+class BatchTransport(BaseTransport):
+    """A transport whose natural unit is the batch (one broker round trip, one SMTP connection).
+
+    Subclasses implement ``deliver_batch()`` only; a single message is a batch of one.
+    """
+
+    def deliver(self, message: Message) -> None:
+        (result,) = self.deliver_batch([message])
+        if result is not None:
+            raise result
+
+    def deliver_batch(self, messages: Sequence[Message]) -> list[BaseException | None]:
+        raise NotImplementedError(f"{type(self).__name__} must implement deliver_batch()")

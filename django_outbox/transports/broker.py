@@ -18,7 +18,7 @@ from django.core.checks import CheckMessage, Error
 from django.core.serializers.json import DjangoJSONEncoder
 
 from ..exceptions import OutboxImproperlyConfigured
-from .base import BaseTransport
+from .base import BatchTransport
 
 if TYPE_CHECKING:
     from ..models import Message
@@ -130,7 +130,7 @@ def option_problems(cls: type, name: str, options: Mapping[str, Any]) -> list[Er
     return found
 
 
-class BrokerTransport(BaseTransport):
+class BrokerTransport(BatchTransport):
     """A transport whose ``OPTIONS`` are described by a dataclass; see :func:`option`."""
 
     options_class: ClassVar[type]

@@ -80,11 +80,6 @@ class NATSTransport(BrokerTransport):
 
     # --- delivery --------------------------------------------------------------------------------
 
-    def deliver(self, message: Message) -> None:
-        result = self.deliver_batch([message])[0]
-        if result is not None:
-            raise result
-
     def deliver_batch(self, messages: Sequence[Message]) -> list[BaseException | None]:
         try:
             return self._loop.run_until_complete(self._publish(messages))

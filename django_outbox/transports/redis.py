@@ -74,11 +74,6 @@ class RedisStreamsTransport(BrokerTransport):
             fields["idempotency_key"] = message.idempotency_key
         return fields
 
-    def deliver(self, message: Message) -> None:
-        result = self.deliver_batch([message])[0]
-        if result is not None:
-            raise result
-
     def deliver_batch(self, messages: Sequence[Message]) -> list[BaseException | None]:
         maxlen = self.settings.maxlen
         where = f"Redis at {redact(self.settings.url)}"
