@@ -118,13 +118,26 @@ def interleaved(reps: int) -> list[bool]:
 # --- a. send() overhead -----------------------------------------------------------------------
 
 
-def send_overhead(ctx: Context) -> Json:
-    """Per-transaction times with and without ``send()``, the two kinds interleaved one by one.
+#: What a hand-written outbox would run: the same row and wake-up, one statement, no validation.
+HAND_WRITTEN_SEND = (
+    "WITH m AS (INSERT INTO django_outbox_message (uuid, topic, key, payload, headers, idempotency_key, status,"
+    " attempts, max_attempts, available_at, created_at, last_error)"
+    " VALUES (gen_random_uuid(), 'bench.noop', NULL, %s::jsonb, '{}', NULL, 'pending', 0, 5, now(), now(), '')"
+    " RETURNING id) SELECT pg_notify('django_outbox', '') FROM m"
+)
 
-    Interleaving each transaction (not each run) makes both sides see the same load of a shared machine;
-    the figure is the ratio of the median transaction times.
+
+def send_overhead(ctx: Context) -> Json:
+    """Per-transaction times with and without ``send()``, the kinds interleaved one by one.
+
+    Interleaving each transaction (not each run) makes every kind see the same load of a shared machine;
+    the figure is the ratio of the median transaction times. Two floors are measured beside it: the same
+    row and NOTIFY written by hand-written SQL (what no outbox can beat, since it is the same work in the
+    database), and a second business row through the ORM (what any extra ``INSERT`` costs the view).
     """
-    from django.db import transaction
+    import json
+
+    from django.db import connection, transaction
     from django.test import override_settings
 
     from django_outbox import outbox
@@ -136,8 +149,14 @@ def send_overhead(ctx: Context) -> Json:
         started = time.perf_counter()
         with transaction.atomic():
             order = Order.objects.create(customer_email="buyer@example.com", item="book", quantity=1 + i % 3)
-            if mode != "plain":
-                outbox.send("bench.noop", {"order_id": order.pk, "item": order.item, "quantity": order.quantity})
+            payload = {"order_id": order.pk, "item": order.item, "quantity": order.quantity}
+            if mode == "send":
+                outbox.send("bench.noop", payload)
+            elif mode == "hand_written":
+                with connection.cursor() as cursor:
+                    cursor.execute(HAND_WRITTEN_SEND, [json.dumps(payload)])
+            elif mode == "second_row":
+                Order.objects.create(customer_email="buyer@example.com", item="book", quantity=1 + i % 3)
         return time.perf_counter() - started
 
     def run(modes: list[str]) -> dict[str, float]:
@@ -147,25 +166,38 @@ def send_overhead(ctx: Context) -> Json:
                 times[mode].append(one(mode, i))
         return {mode: median(values) * 1e6 for mode, values in times.items()}
 
-    run(["plain", "send"])  # warm-up: connections, caches, prepared plans
+    modes = ["plain", "send", "hand_written", "second_row"]
+    run(modes)  # warm-up: connections, caches, plans
     reps: list[Json] = []
     for _ in range(ctx.sizes.reps):
-        times = run(["plain", "send"])
+        times = run(modes)
         with override_settings(OUTBOX={**_outbox_settings(), "NOTIFY": False}):
             quiet = run(["plain", "send"])
         times["plain_2"], times["send_no_notify"] = quiet["plain"], quiet["send"]
         reps.append(times)
         ctx.log("  send: " + ", ".join(f"{k} {v:.0f} µs" for k, v in times.items()))
-    ratio = median([r["send"] / r["plain"] for r in reps])
+
+    def ratio(mode: str, reference: str = "plain") -> float:
+        return median([r[mode] / r[reference] for r in reps])
+
+    send_ratio = ratio("send")
     return {
         "transactions": n,
         "plain_us_per_tx": median([r["plain"] for r in reps]),
         "send_us_per_tx": median([r["send"] for r in reps]),
+        "hand_written_us_per_tx": median([r["hand_written"] for r in reps]),
+        "second_row_us_per_tx": median([r["second_row"] for r in reps]),
         "send_no_notify_us_per_tx": median([r["send_no_notify"] for r in reps]),
-        "ratio": ratio,
-        "ratio_no_notify": median([r["send_no_notify"] / r["plain_2"] for r in reps]),
+        "ratio": send_ratio,
+        "ratio_hand_written": ratio("hand_written"),
+        "ratio_second_row": ratio("second_row"),
+        "ratio_no_notify": ratio("send_no_notify", "plain_2"),
+        # send()'s added cost over the hand-written statement's added cost: 1.0 is the hand-written limit.
+        "added_cost_vs_hand_written": median(
+            [(r["send"] - r["plain"]) / (r["hand_written"] - r["plain"]) for r in reps]
+        ),
         "target": "<= 1.3",
-        "ok": ratio <= 1.3,
+        "ok": send_ratio <= 1.3,
         "reps": reps,
     }
 

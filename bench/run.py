@@ -140,6 +140,22 @@ def render(results: dict[str, Any]) -> str:
                 "",
             )
         )
+        for label, key in (
+            ("same row by hand-written SQL", "hand_written"),
+            ("a second ORM business row", "second_row"),
+        ):
+            rows.append(
+                (f"a. floor: {label}", f"{s[key + '_us_per_tx']:.0f} µs/tx", "", f"{s['ratio_' + key]:.2f}x", "")
+            )
+        rows.append(
+            (
+                "a. send()'s added cost",
+                "",
+                "the hand-written SQL's",
+                f"{s['added_cost_vs_hand_written']:.2f}x",
+                "",
+            )
+        )
     if "drain" in f:
         for processes, d in f["drain"]["by_processes"].items():
             rows.append(

@@ -18,7 +18,6 @@ from .conf import get_settings
 from .exceptions import PayloadTooLargeError
 from .limits import IDEMPOTENCY_KEY_MAX_LENGTH, KEY_MAX_LENGTH, TOPIC_MAX_LENGTH
 from .routing import Handler, registry, resolve_transport
-from .wakeup import channel_to_notify, mark_notified
 
 if TYPE_CHECKING:
     from .models import Message
@@ -27,6 +26,9 @@ H = TypeVar("H", bound=Handler)
 
 #: ``max_attempts`` and ``attempts`` are 32-bit integer columns on PostgreSQL.
 MAX_ATTEMPTS_LIMIT = 2**31 - 1
+#: One encoder for every call: ``json.dumps(cls=...)`` would build a new one each time. It keeps no state
+#: between calls, so threads share it safely. ASCII output makes the text's length its size in bytes.
+_ENCODER = DjangoJSONEncoder(allow_nan=False, separators=(",", ":"))
 #: The ``\u0000`` escape json.dumps writes for NUL, not the text "\\u0000" (whose backslash it doubles).
 _NUL = re.compile(r"(?<!\\)(?:\\\\)*\\u0000")
 
@@ -47,7 +49,7 @@ def _check_name(what: str, value: object, max_length: int, *, optional: bool) ->
 
 def _encode(what: str, value: object) -> str:
     try:
-        encoded = json.dumps(value, cls=DjangoJSONEncoder, allow_nan=False, separators=(",", ":"))
+        encoded = _ENCODER.encode(value)
     except TypeError as exc:
         raise TypeError(
             f"outbox.send(): {what} must be JSON-serialisable: {exc}. "
@@ -127,10 +129,9 @@ class Outbox:
         topic = _check_name("topic", topic, TOPIC_MAX_LENGTH, optional=False)  # type: ignore[assignment]
         key = _check_name("key", key, KEY_MAX_LENGTH, optional=True)
         idempotency_key = _check_name("idempotency_key", idempotency_key, IDEMPOTENCY_KEY_MAX_LENGTH, optional=True)
-        if headers is None:
-            headers = {}
-        if not isinstance(headers, Mapping) or not all(
-            isinstance(k, str) and isinstance(v, str) for k, v in headers.items()
+        if headers is not None and (
+            not isinstance(headers, Mapping)
+            or not all(isinstance(k, str) and isinstance(v, str) for k, v in headers.items())
         ):
             raise TypeError("outbox.send(): headers must be a dict of str to str.")
         if max_attempts is None:
@@ -145,9 +146,9 @@ class Outbox:
         if alias not in django_settings.DATABASES:
             raise ValueError(f"outbox.send(): using={alias!r} is not a database in settings.DATABASES.")
         payload_json = _encode("payload", payload)
-        if len(payload_json) > conf.MAX_PAYLOAD_BYTES or len(payload_json.encode()) > conf.MAX_PAYLOAD_BYTES:
+        if len(payload_json) > conf.MAX_PAYLOAD_BYTES:
             raise PayloadTooLargeError(
-                f"outbox.send(): the payload of {topic!r} is {len(payload_json.encode())} bytes as JSON; "
+                f"outbox.send(): the payload of {topic!r} is {len(payload_json)} bytes as JSON; "
                 f"OUTBOX['MAX_PAYLOAD_BYTES'] is {conf.MAX_PAYLOAD_BYTES}. Store large data elsewhere and "
                 "send a reference to it."
             )
@@ -156,24 +157,22 @@ class Outbox:
         resolve_transport(topic)
         from . import store  # imported here: the package must be importable before apps are ready
 
-        channel = channel_to_notify(alias)
-        message, created = store.insert(
+        message, _ = store.insert(
             alias,
             store.NewMessage(
                 uuid=uuid.uuid4(),
                 topic=topic,
                 key=key,
                 payload_json=payload_json,
-                headers_json=_encode("headers", dict(headers)),
+                headers_json=_encode("headers", dict(headers)) if headers else "{}",
                 idempotency_key=idempotency_key,
                 max_attempts=max_attempts,
                 available_at=when,
                 created_at=now,
             ),
-            notify=channel,
+            # PostgreSQL folds the NOTIFYs of one transaction into one, and drops them on rollback.
+            notify=conf.NOTIFY_CHANNEL if conf.NOTIFY else None,
         )
-        if created and channel is not None:
-            mark_notified(alias)
         return message
 
     def handler(self, pattern: str) -> Callable[[H], H]:

@@ -165,7 +165,7 @@ def insert(alias: str, new: NewMessage, *, notify: str | None = None) -> tuple[M
     With ``notify`` (PostgreSQL), the same statement queues a ``NOTIFY`` on that channel if it wrote a row.
     """
     conn = _connection(alias)
-    conflict = " ON CONFLICT (idempotency_key) DO NOTHING" if new.idempotency_key is not None else ""
+    pg = _is_pg(conn)
     params = [
         _prep_uuid(conn, new.uuid),
         new.topic,
@@ -173,26 +173,15 @@ def insert(alias: str, new: NewMessage, *, notify: str | None = None) -> tuple[M
         new.payload_json,
         new.headers_json,
         new.idempotency_key,
-        PENDING,
         new.max_attempts,
         _prep_dt(conn, new.available_at),
         _prep_dt(conn, new.created_at),
     ]
-    # PostgreSQL: the subquery row, computed and filtered before the identity default is projected over
-    # it, gives the transaction its id before the row takes its own. Per-key ordering relies on that
-    # (docs/ordering.md). OFFSET 0 and the filter keep the planner from dropping the (stable) call.
-    xact_first = (
-        " FROM (SELECT pg_current_xact_id() AS xid OFFSET 0) AS xact WHERE xact.xid IS NOT NULL" if _is_pg(conn) else ""
-    )
-    sql = (
-        f"INSERT INTO {MESSAGE} (uuid, topic, key, payload, headers, idempotency_key, status, attempts,"
-        f" max_attempts, available_at, created_at, last_error)"
-        f" SELECT %s, %s, %s, {_jsonb(conn)}, {_jsonb(conn)}, %s, %s, 0, %s, %s, %s, ''{xact_first}{conflict}"
-        f" RETURNING id"
-    )
-    if notify is not None and _is_pg(conn):
-        sql = f"WITH m AS ({sql}) SELECT id, pg_notify(%s, '') FROM m"
+    if notify is not None and pg:
         params.append(notify)
+    sql = _insert_sql(
+        pg, keyed=new.key is not None, idempotent=new.idempotency_key is not None, notify=notify is not None and pg
+    )
     with conn.cursor() as cursor:
         cursor.execute(sql, params)
         row = cursor.fetchone()
@@ -205,30 +194,74 @@ def insert(alias: str, new: NewMessage, *, notify: str | None = None) -> tuple[M
     return _new_message(alias, int(row[0]), new), True
 
 
+@functools.cache
+def _insert_sql(pg: bool, *, keyed: bool, idempotent: bool, notify: bool) -> str:
+    # PostgreSQL, keyed messages: the subquery row, computed and filtered before the identity default is
+    # projected over it, gives the transaction its id before the row takes its own. Per-key ordering
+    # relies on that (docs/ordering.md); a message without a key is not ordered, and is spared the
+    # subquery. OFFSET 0 and the filter keep the planner from dropping the (stable) call.
+    xact_first = " FROM (SELECT pg_current_xact_id() AS xid OFFSET 0) AS xact WHERE xact.xid IS NOT NULL"
+    xact_first = xact_first if pg and keyed else ""
+    jsonb = "%s::jsonb" if pg else "%s"
+    # The conflict target names the partial unique index by its column and predicate.
+    conflict = " ON CONFLICT (idempotency_key) WHERE idempotency_key IS NOT NULL DO NOTHING" if idempotent else ""
+    sql = (
+        f"INSERT INTO {MESSAGE} (uuid, topic, key, payload, headers, idempotency_key, status, attempts,"
+        f" max_attempts, available_at, created_at, last_error)"
+        f" SELECT %s, %s, %s, {jsonb}, {jsonb}, %s, '{PENDING}', 0, %s, %s, %s, ''{xact_first}{conflict}"
+        f" RETURNING id"
+    )
+    if notify:
+        sql = f"WITH m AS ({sql}) SELECT id, pg_notify(%s, '') FROM m"
+    return sql
+
+
 def _new_message(alias: str, message_id: int, new: NewMessage) -> Message:
     """The row just inserted, built from what was sent rather than read back: ``RETURNING`` every column
     and converting it cost about 80 µs per ``send()`` (docs/performance.md). JSON is decoded from the
     text written, and times are in UTC, so it equals what a read from the database returns."""
-    values = {
-        "id": message_id,
-        "uuid": new.uuid,
-        "topic": new.topic,
-        "key": new.key,
-        "payload": json.loads(new.payload_json),
-        "headers": json.loads(new.headers_json),
-        "idempotency_key": new.idempotency_key,
-        "status": PENDING,
-        "attempts": 0,
-        "max_attempts": new.max_attempts,
-        "available_at": new.available_at.astimezone(dt.UTC),
-        "created_at": new.created_at.astimezone(dt.UTC),
-        "delivered_at": None,
-        "locked_by": None,
-        "locked_until": None,
-        "last_error": "",
-        "visible_after_xid": None,  # stamped by the first claim that sees a keyed row
-    }
-    return Message.from_db(alias, _COLUMN_NAMES, [values[name] for name in _COLUMN_NAMES])
+    values = [
+        message_id,
+        new.uuid,
+        new.topic,
+        new.key,
+        json.loads(new.payload_json),
+        {} if new.headers_json == "{}" else json.loads(new.headers_json),
+        new.idempotency_key,
+        PENDING,
+        0,  # attempts
+        new.max_attempts,
+        new.available_at.astimezone(dt.UTC),
+        new.created_at.astimezone(dt.UTC),
+        None,  # delivered_at
+        None,  # locked_by
+        None,  # locked_until
+        "",  # last_error
+        None,  # visible_after_xid: stamped by the first claim that sees a keyed row
+    ]
+    return Message.from_db(alias, _NEW_MESSAGE_COLUMNS, values)
+
+
+#: The column order ``_new_message`` fills in; a test checks it against the model.
+_NEW_MESSAGE_COLUMNS = [
+    "id",
+    "uuid",
+    "topic",
+    "key",
+    "payload",
+    "headers",
+    "idempotency_key",
+    "status",
+    "attempts",
+    "max_attempts",
+    "available_at",
+    "created_at",
+    "delivered_at",
+    "locked_by",
+    "locked_until",
+    "last_error",
+    "visible_after_xid",
+]
 
 
 # --- relaying ----------------------------------------------------------------------------------

@@ -2,9 +2,10 @@
 
 On PostgreSQL a committed transaction that sent messages issues one ``NOTIFY`` (however many messages
 it sent; none if it rolled back), and workers ``LISTEN`` on a dedicated connection. ``send()`` queues it
-inside the transaction, in the very statement that inserts the transaction's first message: PostgreSQL
-delivers it at commit and drops it on rollback (of a savepoint too), which costs no round trip and no
-second commit, where a ``NOTIFY`` issued after the commit costs both (see docs/performance.md). Elsewhere, or with
+inside the transaction, in the very statement that inserts the message: PostgreSQL folds the identical
+notifications of one transaction into one, delivers it at commit and drops it on rollback (of a
+savepoint too). That costs no round trip and no second commit, where a ``NOTIFY`` issued after the
+commit costs both, and no bookkeeping of which transaction already asked (see docs/performance.md). Elsewhere, or with
 ``OUTBOX["NOTIFY"] = False`` (PgBouncer in transaction pooling cannot LISTEN), workers poll, so a
 lost notification never delays delivery by more than the poll interval.
 """
@@ -32,37 +33,9 @@ def _notify(alias: str) -> None:
         cursor.execute("SELECT pg_notify(%s, '')", [settings.NOTIFY_CHANNEL])
 
 
-def _notified_marker() -> None:
-    """Left in ``run_on_commit`` to say: this transaction's NOTIFY is already queued."""
-
-
-_notified_marker.outbox_wake = True  # type: ignore[attr-defined]
-
-
 def _already_notified(conn: BaseDatabaseWrapper) -> bool:
     # Django drops the entries of a rolled-back savepoint, as PostgreSQL drops the NOTIFY queued in it.
     return any(getattr(entry[1], "outbox_wake", False) for entry in conn.run_on_commit)
-
-
-def channel_to_notify(alias: str) -> str | None:
-    """The channel the next inserted message should notify, or None if nothing is needed.
-
-    None off PostgreSQL, with ``OUTBOX["NOTIFY"]`` off, or when the current transaction already queued
-    its notification.
-    """
-    conn = connections[alias]
-    if conn.vendor != "postgresql":
-        return None
-    settings = get_settings()
-    if not settings.NOTIFY or (conn.in_atomic_block and _already_notified(conn)):
-        return None
-    return settings.NOTIFY_CHANNEL
-
-
-def mark_notified(alias: str) -> None:
-    """Note that the current transaction queued its NOTIFY, so later sends in it do not queue another."""
-    if connections[alias].in_atomic_block:
-        transaction.on_commit(_notified_marker, using=alias)
 
 
 def notify_on_commit(alias: str) -> None:
