@@ -66,3 +66,19 @@ def test_the_archive_is_browsable_and_read_only(admin_client):
     delete = reverse("admin:django_outbox_archivedmessage_delete", args=[archived.pk])
     assert admin_client.post(delete, {"post": "yes"}).status_code == 403
     assert ArchivedMessage.objects.filter(pk=archived.pk).exists()
+
+
+def test_archive_search_matches_exactly_and_only_exactly(admin_client):
+    target = finished("delivered", dt.timedelta(hours=2), key="k-42", idempotency_key="idem-42", topic="search.me")
+    finished("delivered", dt.timedelta(hours=2), key="k-420", idempotency_key="idem-420", topic="search.me.not")
+    housekeeping.run("default")
+    assert ArchivedMessage.objects.count() == 2
+    changelist = reverse("admin:django_outbox_archivedmessage_changelist")
+
+    def found(term: str) -> list[int]:
+        return [m.pk for m in admin_client.get(changelist, {"q": term}).context["cl"].result_list]
+
+    for term in (str(target.uuid), "idem-42", "k-42", "search.me", str(target.pk)):
+        assert found(term) == [target.pk], term
+    assert found("idem-4") == []  # a prefix is not a match: each term is an index probe
+    assert found("no such thing") == []
