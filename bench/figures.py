@@ -323,6 +323,9 @@ def drain(ctx: Context) -> Json:
 # --- c. latency -------------------------------------------------------------------------------
 
 
+GAP = tuple(float(x) for x in os.environ.get("BENCH_LATENCY_GAP", "0.005,0.015").split(","))
+
+
 def latency(ctx: Context, *, database: str) -> Json:
     """Commit to handler start for messages sent one per transaction to an idle worker."""
     from django.db import transaction
@@ -365,7 +368,7 @@ def latency(ctx: Context, *, database: str) -> Json:
                 with transaction.atomic(using=database):
                     message = outbox.send("bench.latency", {"n": i}, headers={"bench-latency": "1"}, using=database)
                     committed[message.id] = time.time()  # before COMMIT: the figure includes the commit itself
-                time.sleep(random.uniform(0.005, 0.015))
+                time.sleep(random.uniform(*GAP))
             deadline = time.monotonic() + 10
             while len(arrived) < len(committed) and time.monotonic() < deadline:
                 time.sleep(0.05)

@@ -218,13 +218,32 @@ class Relay:
 
     def _cycle(self, transports: TransportSet) -> bool:
         """Claim one batch and process it; False when nothing was claimable."""
+        return self._claim_and_process(transports) is not None
+
+    def _claim_and_process(self, transports: TransportSet) -> Sequence[Message] | None:
+        """The batch claimed and processed, or None when nothing was claimable."""
         cfg = self.config
         batch = store.claim(
             cfg.database, worker=cfg.worker_id, limit=cfg.batch_size, lease_seconds=cfg.lease_seconds, topics=cfg.topics
         )
-        if batch:
-            self._process(batch, transports)
-        return bool(batch)
+        if not batch:
+            return None
+        self._process(batch, transports)
+        return batch
+
+    def _claim_again_at_once(self, batch: Sequence[Message]) -> bool:
+        """Whether to claim right after this batch, rather than wait for a wake-up or the next due time.
+
+        A full batch may have left messages behind. A short one took every message claimable when it
+        was claimed, so with a live listener (which ``_wake`` records even while we are busy) an empty
+        claim would only add a round trip before the worker is idle again, and delay the next message's
+        wake-up by as much (docs/performance.md, latency). Keyed messages are the exception: recording
+        the head of a key makes its next message claimable, and nothing announces that.
+        """
+        if len(batch) >= self.config.batch_size or self.config.until_empty:
+            return True
+        listening = self.listener is not None and self.listener.connected.is_set()
+        return not listening or any(m.key is not None for m in batch)
 
     def _deliver_loop(self) -> None:
         cfg = self.config
@@ -235,8 +254,12 @@ class Relay:
                 store.refresh_connections()
                 try:
                     self._wake.clear()
-                    if self._cycle(transports):
+                    batch = self._claim_and_process(transports)
+                    if batch is not None:
                         failures = 0
+                        if self._claim_again_at_once(batch):
+                            continue
+                        self._idle()
                         continue
                     if cfg.until_empty and not store.work_in_progress(cfg.database, topics=cfg.topics):
                         # Look once more: between the empty claim and that check, a message may have
@@ -267,6 +290,8 @@ class Relay:
         timeout = cfg.poll_interval
         if cfg.until_empty:
             timeout = min(timeout, 0.2)  # nothing may be claimable only because a lease is expiring
+        if self._wake.is_set():
+            return  # a wake-up came while we were busy: no need to ask when the next message is due
         due = store.next_due(cfg.database, topics=cfg.topics)
         if due is not None:
             timeout = max(0.0, min(timeout, (due - timezone.now()).total_seconds()))

@@ -18,8 +18,9 @@ pytestmark = pytest.mark.django_db
 FIELDS = [f.attname for f in Message._meta.concrete_fields]
 
 
+@pytest.mark.parametrize("headers", [None, {"h": "v"}])
 @pytest.mark.parametrize("in_transaction", [False, True])
-def test_returned_message_equals_the_stored_row(handler, in_transaction):
+def test_returned_message_equals_the_stored_row(handler, in_transaction, headers):
     handler("t.back", lambda m: None)
     paris = zoneinfo.ZoneInfo("Europe/Paris")
     payload = {"z": 1, "a": [1.5, "x", None], "when": dt.datetime(2030, 1, 2, 3, 4, 5, 678901, tzinfo=dt.UTC)}
@@ -28,7 +29,8 @@ def test_returned_message_equals_the_stored_row(handler, in_transaction):
             "t.back",
             payload,
             key="k-1",
-            headers={"h": "v"},
+            headers=headers,
+            idempotency_key=f"back-{in_transaction}-{headers is None}",
             available_at=dt.datetime(2031, 6, 1, 12, 0, 0, 123456, tzinfo=paris),
             max_attempts=3,
         )

@@ -11,7 +11,7 @@ from django.db import connection, transaction
 from django.test import override_settings
 from django.test.utils import CaptureQueriesContext
 
-from django_outbox import outbox
+from django_outbox import outbox, store
 from django_outbox.models import Message
 from django_outbox.relay import Relay, RelayConfig
 
@@ -113,6 +113,42 @@ def test_idle_worker_wakes_on_commit_not_on_poll(handler):
             outbox.send("t.wake", {})
         # the poll interval is a minute: only the NOTIFY can explain a delivery within seconds
         assert delivered.wait(10)
+    finally:
+        relay.stop()
+        thread.join(20)
+
+
+def test_listening_worker_goes_idle_after_a_short_batch_without_an_empty_claim(handler, monkeypatch):
+    delivered = threading.Event()
+    handler("t.wake", lambda m: delivered.set())
+    claims: list[int] = []
+    claim = store.claim
+    monkeypatch.setattr(store, "claim", lambda *a, **k: claims.append(len(batch := claim(*a, **k))) or batch)
+    relay, thread = _start_idle_worker(poll_interval=60)
+    try:
+        claims.clear()
+        outbox.send("t.wake", {})
+        assert delivered.wait(10)
+        wait_for(lambda: Message.objects.get().status == "delivered")
+        time.sleep(0.5)
+        assert claims == [1]  # the wake-up's claim, and no empty one after it
+    finally:
+        relay.stop()
+        thread.join(20)
+
+
+def test_listening_worker_claims_again_at_once_after_a_keyed_batch(handler):
+    """Recording the head of a key makes its next message claimable, and no NOTIFY says so."""
+    seen: list[int] = []
+    handler("t.wake", lambda m: seen.append(m.payload["n"]))
+    relay, thread = _start_idle_worker(poll_interval=60)
+    try:
+        with transaction.atomic():
+            for n in range(3):
+                outbox.send("t.wake", {"n": n}, key="one-key")
+        # one message of the key per claim; with a minute's poll, only claiming at once explains this
+        wait_for(lambda: len(seen) == 3, timeout=15)
+        assert seen == [0, 1, 2]
     finally:
         relay.stop()
         thread.join(20)
