@@ -50,6 +50,8 @@ class OutboxSettings:
     DATABASE: str = "default"
     NOTIFY: bool = True
     NOTIFY_CHANNEL: str = "django_outbox"
+    #: PostgreSQL workers prepare the claim and the record (docs/settings.md); off behind old PgBouncers.
+    PREPARED_STATEMENTS: bool = True
     ROUTES: Mapping[str, str] = field(default_factory=dict)
     TRANSPORTS: Mapping[str, TransportConfig] = field(default_factory=dict)
     EMAIL_BACKEND: str = "django.core.mail.backends.smtp.EmailBackend"
@@ -146,7 +148,7 @@ def _parse(raw: object) -> tuple[OutboxSettings, list[Problem]]:
             )
         else:
             values[name] = kind(value)
-    for name in ("NOTIFY",):
+    for name in ("NOTIFY", "PREPARED_STATEMENTS"):
         if name in raw:
             if isinstance(raw[name], bool):
                 values[name] = raw[name]
