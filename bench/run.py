@@ -200,6 +200,19 @@ def render(results: dict[str, Any]) -> str:
                 "",
             )
         )
+        large = c["large"]
+        if "claim_unprepared" in large and "record_unprepared" in large:
+            prepared = large["claim_prepared"] + large["record_prepared"]
+            unprepared = large["claim_unprepared"] + large["record_unprepared"]
+            rows.append(
+                (
+                    "d. same, claim + record prepared",
+                    f"{prepared:.2f} ms",
+                    f"{unprepared:.2f} ms unprepared",
+                    f"{prepared / unprepared:.2f}x",
+                    "",
+                )
+            )
     if "open_transaction" in f:
         o = f["open_transaction"]
         rows.append(

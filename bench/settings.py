@@ -21,14 +21,6 @@ DATABASES["sqlite"] = {  # noqa: F405
     "NAME": os.environ.get("BENCH_SQLITE_PATH", str(RESULTS / "bench.sqlite3")),
     "OPTIONS": {"transaction_mode": "IMMEDIATE", "timeout": 20, "init_command": "PRAGMA journal_mode=WAL;"},
 }
-# The same database through cursors that bind server-side, so psycopg prepares frequent statements:
-# the claim-cost figure runs the store's statements through both, interleaved.
-DATABASES["prepared"] = {  # noqa: F405
-    **DATABASES["default"],  # noqa: F405
-    "OPTIONS": {**DATABASES["default"].get("OPTIONS", {}), "server_side_binding": True},  # noqa: F405
-}
-if os.environ.get("BENCH_SERVER_SIDE_BINDING") == "1":  # the workers too
-    DATABASES["default"] = DATABASES["prepared"]  # noqa: F405
 OUTBOX = {
     "MAX_ATTEMPTS": 5,
     "POLL_INTERVAL_SECONDS": float(os.environ.get("BENCH_POLL_INTERVAL", "1.0")),
