@@ -25,5 +25,7 @@ OUTBOX = {
     "MAX_ATTEMPTS": 5,
     "POLL_INTERVAL_SECONDS": float(os.environ.get("BENCH_POLL_INTERVAL", "1.0")),
     "LEASE_SECONDS": 60.0,
+    # BENCH_PREPARED_STATEMENTS=0: the workers without prepared statements, for an A/B of the setting
+    "PREPARED_STATEMENTS": os.environ.get("BENCH_PREPARED_STATEMENTS", "1") == "1",
 }
 LOGGING["loggers"]["django_outbox"]["level"] = "ERROR"  # type: ignore[index]  # noqa: F405
