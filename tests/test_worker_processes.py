@@ -123,6 +123,9 @@ def test_sigkill_mid_run_loses_nothing_and_duplicates_only_abandoned_attempts(po
     send_many(3000, sleep=0.002)
     workers = _run_workers(worker_process, 3, "--lease", "3")
     wait_for(lambda: Delivery.objects.count() > 300, timeout=60)
+    victim = Message.objects.filter(status="processing", locked_by__contains=f":{workers[0].pid}:")
+    # Kill it while it holds a batch: between two batches it holds nothing, and nothing would be abandoned.
+    wait_for(victim.exists, timeout=60, interval=0.001)
     workers[0].kill()
     workers.append(worker_process("--until-empty", "--batch-size", "50", "--lease", "3"))
     for worker in workers[1:]:
