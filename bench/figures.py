@@ -470,30 +470,26 @@ def claim_cost(ctx: Context) -> Json:
 
 
 def _claim_and_record(mode: str, store: Any, timezone: Any, errors: dict[str, str]) -> tuple[float, float | None]:
+    """Times of one claim of 100 and of recording them, with prepared statements on or off (``mode``)."""
+    from django.db import DatabaseError
     from django.test import override_settings
 
     with override_settings(OUTBOX={**_outbox_settings(), "PREPARED_STATEMENTS": mode == "prepared"}):
-        return _timed_claim_and_record(mode, store, timezone, errors)
-
-
-def _timed_claim_and_record(mode: str, store: Any, timezone: Any, errors: dict[str, str]) -> tuple[float, float | None]:
-    from django.db import DatabaseError
-
-    t = time.perf_counter()
-    batch = store.claim("default", worker=f"bench:{mode}", limit=100, lease_seconds=60)
-    claim_s = time.perf_counter() - t
-    now = timezone.now()
-    outcomes = [
-        store.Outcome(message_id=m.id, number=m.attempts, status=store.DELIVERED, started_at=now, finished_at=now)
-        for m in batch
-    ]
-    t = time.perf_counter()
-    try:
-        store.record("default", worker=f"bench:{mode}", outcomes=outcomes)
-    except DatabaseError as exc:  # reported as a finding
-        errors[mode] = str(exc).strip()
-        return claim_s, None
-    return claim_s, time.perf_counter() - t
+        t = time.perf_counter()
+        batch = store.claim("default", worker=f"bench:{mode}", limit=100, lease_seconds=60)
+        claim_s = time.perf_counter() - t
+        now = timezone.now()
+        outcomes = [
+            store.Outcome(message_id=m.id, number=m.attempts, status=store.DELIVERED, started_at=now, finished_at=now)
+            for m in batch
+        ]
+        t = time.perf_counter()
+        try:
+            store.record("default", worker=f"bench:{mode}", outcomes=outcomes)
+        except DatabaseError as exc:  # reported as a finding
+            errors[mode] = str(exc).strip()
+            return claim_s, None
+        return claim_s, time.perf_counter() - t
 
 
 def open_transaction(ctx: Context, *, expected_rate: float) -> Json:

@@ -125,10 +125,6 @@ def _prep_uuid(conn: BaseDatabaseWrapper, value: uuid_module.UUID) -> Any:
     return value if conn.features.has_native_uuid_field else value.hex
 
 
-def _jsonb(conn: BaseDatabaseWrapper) -> str:
-    return "%s::jsonb" if _is_pg(conn) else "%s"
-
-
 def _topic_filter(topics: Sequence[str] | None, column: str = "topic") -> tuple[str, list[str]]:
     """SQL for ``--topics``: exact names, or shell patterns whose ``*`` becomes ``LIKE``'s ``%``."""
     if not topics:
@@ -219,11 +215,10 @@ def insert(alias: str, new: NewMessage, *, notify: str | None = None) -> tuple[M
         _prep_dt(conn, new.available_at),
         _prep_dt(conn, new.created_at),
     ]
-    if notify is not None and pg:
+    notifying = notify is not None and pg
+    if notifying:
         params.append(notify)
-    sql = _insert_sql(
-        pg, keyed=new.key is not None, idempotent=new.idempotency_key is not None, notify=notify is not None and pg
-    )
+    sql = _insert_sql(pg, keyed=new.key is not None, idempotent=new.idempotency_key is not None, notify=notifying)
     with conn.cursor() as cursor:
         cursor.execute(sql, params)
         row = cursor.fetchone()
@@ -262,48 +257,26 @@ def _new_message(alias: str, message_id: int, new: NewMessage) -> Message:
     """The row just inserted, built from what was sent rather than read back: ``RETURNING`` every column
     and converting it cost about 80 µs per ``send()`` (docs/performance.md). JSON is decoded from the
     text written, and times are in UTC, so it equals what a read from the database returns."""
-    values = [
-        message_id,
-        new.uuid,
-        new.topic,
-        new.key,
-        json.loads(new.payload_json),
-        {} if new.headers_json == "{}" else json.loads(new.headers_json),
-        new.idempotency_key,
-        PENDING,
-        0,  # attempts
-        new.max_attempts,
-        new.available_at.astimezone(dt.UTC),
-        new.created_at.astimezone(dt.UTC),
-        None,  # delivered_at
-        None,  # locked_by
-        None,  # locked_until
-        "",  # last_error
-        None,  # visible_after_xid: stamped by the first claim that sees a keyed row
-    ]
-    return Message.from_db(alias, _NEW_MESSAGE_COLUMNS, values)
-
-
-#: The column order ``_new_message`` fills in; a test checks it against the model.
-_NEW_MESSAGE_COLUMNS = [
-    "id",
-    "uuid",
-    "topic",
-    "key",
-    "payload",
-    "headers",
-    "idempotency_key",
-    "status",
-    "attempts",
-    "max_attempts",
-    "available_at",
-    "created_at",
-    "delivered_at",
-    "locked_by",
-    "locked_until",
-    "last_error",
-    "visible_after_xid",
-]
+    values = {
+        "id": message_id,
+        "uuid": new.uuid,
+        "topic": new.topic,
+        "key": new.key,
+        "payload": json.loads(new.payload_json),
+        "headers": {} if new.headers_json == "{}" else json.loads(new.headers_json),
+        "idempotency_key": new.idempotency_key,
+        "status": PENDING,
+        "attempts": 0,
+        "max_attempts": new.max_attempts,
+        "available_at": new.available_at.astimezone(dt.UTC),
+        "created_at": new.created_at.astimezone(dt.UTC),
+        "delivered_at": None,
+        "locked_by": None,
+        "locked_until": None,
+        "last_error": "",
+        "visible_after_xid": None,  # stamped by the first claim that sees a keyed row
+    }
+    return Message.from_db(alias, _COLUMN_NAMES, [values[name] for name in _COLUMN_NAMES])
 
 
 # --- relaying ----------------------------------------------------------------------------------

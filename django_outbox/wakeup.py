@@ -5,9 +5,9 @@ it sent; none if it rolled back), and workers ``LISTEN`` on a dedicated connecti
 inside the transaction, in the very statement that inserts the message: PostgreSQL folds the identical
 notifications of one transaction into one, delivers it at commit and drops it on rollback (of a
 savepoint too). That costs no round trip and no second commit, where a ``NOTIFY`` issued after the
-commit costs both, and no bookkeeping of which transaction already asked (see docs/performance.md). Elsewhere, or with
-``OUTBOX["NOTIFY"] = False`` (PgBouncer in transaction pooling cannot LISTEN), workers poll, so a
-lost notification never delays delivery by more than the poll interval.
+commit costs both, and no bookkeeping of which transaction already asked (see docs/performance.md).
+Elsewhere, or with ``OUTBOX["NOTIFY"] = False`` (PgBouncer in transaction pooling cannot LISTEN),
+workers poll, so a lost notification never delays delivery by more than the poll interval.
 """
 
 from __future__ import annotations
