@@ -17,6 +17,7 @@ from django_outbox import outbox
 from django_outbox.models import Attempt, Message
 from django_outbox.relay import Relay, RelayConfig
 
+from .conftest import wait_for
 from .proxy import FlakyProxy as FlakyProxy  # re-exported: the broker tests import it from here
 
 KEYS = ("k0", "k1", "k2", "k3", "k4")
@@ -82,6 +83,26 @@ def count_status(status: str) -> int:
 
 def failed_attempts() -> int:
     return Attempt.objects.filter(outcome=Attempt.Outcome.FAILED).count()
+
+
+def relay_through_outage(
+    proxy: FlakyProxy, name: str, backend: str, options: dict[str, Any], prefix: str
+) -> list[Message]:
+    """Relay 50 messages, cut the broker off (through ``proxy``) while 50 more are sent, then restore it.
+
+    The same scenario for every broker: attempts fail while it is down, the worker reconnects, every
+    message ends delivered and none dead. Returns what was sent, for the test to read back its own way.
+    """
+    with outbox_settings(name, backend, options, f"{prefix}.*"), running_relay():
+        sent = send_many(f"{prefix}.orders", 50)
+        wait_for(lambda: count_status(Message.Status.DELIVERED) == 50, timeout=20)
+        proxy.down()
+        sent += send_many(f"{prefix}.orders", 50, start=50)
+        wait_for(lambda: failed_attempts() >= 3, timeout=20)
+        proxy.up()
+        wait_for(lambda: count_status(Message.Status.DELIVERED) == 100, timeout=30)
+    assert count_status(Message.Status.DEAD) == 0
+    return sent
 
 
 @dataclass(frozen=True, kw_only=True)
