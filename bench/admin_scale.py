@@ -17,10 +17,12 @@ import statistics
 import sys
 import time
 from pathlib import Path
-from urllib.parse import urlencode, urlparse
+from urllib.parse import urlencode
 
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
+from bench.tables import ensure_database  # noqa: E402  (needs ROOT on the path)
+
 os.environ.setdefault("DATABASE_URL", "postgres://postgres@127.0.0.1:5432/outbox_bench")
 os.environ["DJANGO_SETTINGS_MODULE"] = "tests.settings"
 os.environ["DEBUG"] = "false"
@@ -55,17 +57,6 @@ SELECT id, 1, created_at, created_at + interval '20 milliseconds', 'bench:1:abc'
        CASE WHEN status = 'dead' THEN 'failed' ELSE 'delivered' END, ''
 FROM django_outbox_message WHERE status IN ('delivered', 'dead')
 """
-
-
-def ensure_database(url: str) -> None:
-    import psycopg
-
-    parsed = urlparse(url)
-    name = parsed.path.lstrip("/")
-    admin_url = parsed._replace(path="/postgres").geturl()
-    with psycopg.connect(admin_url, autocommit=True) as conn:
-        if not conn.execute("SELECT 1 FROM pg_database WHERE datname = %s", [name]).fetchone():
-            conn.execute(f'CREATE DATABASE "{name}"')
 
 
 def main() -> int:

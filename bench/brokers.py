@@ -23,10 +23,11 @@ import time
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
-from urllib.parse import urlparse
 
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
+from bench.tables import ensure_database  # noqa: E402  (needs ROOT on the path)
+
 os.environ.setdefault("DATABASE_URL", "postgres://postgres@127.0.0.1:5432/outbox_bench_brokers")
 os.environ["DJANGO_SETTINGS_MODULE"] = "tests.settings"
 os.environ["DEBUG"] = "false"
@@ -61,17 +62,6 @@ TRANSPORTS: dict[str, dict[str, Any]] = {
         "OPTIONS": {"SERVERS": NATS_URL, "STREAM": STREAM, "CREATE_STREAM": True, "STREAM_SUBJECTS": ["bench.>"]},
     },
 }
-
-
-def ensure_database() -> None:
-    import psycopg
-
-    url = urlparse(os.environ["DATABASE_URL"])
-    name = url.path.lstrip("/")
-    admin = url._replace(path="/postgres").geturl()
-    with psycopg.connect(admin, autocommit=True) as conn:
-        if not conn.execute("SELECT 1 FROM pg_database WHERE datname = %s", [name]).fetchone():
-            conn.execute(f'CREATE DATABASE "{name}"')
 
 
 # --- the brokers' side, with their own clients ------------------------------------------------------
@@ -196,7 +186,7 @@ def main() -> int:
     parser.add_argument("--json", type=Path, default=ROOT / "bench" / "results" / "brokers.json")
     args = parser.parse_args()
 
-    ensure_database()
+    ensure_database(os.environ["DATABASE_URL"])
     import django
 
     django.setup()

@@ -25,10 +25,11 @@ import statistics
 import sys
 import time
 from pathlib import Path
-from urllib.parse import urlparse
 
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
+from bench.tables import ensure_database  # noqa: E402  (needs ROOT on the path)
+
 os.environ.setdefault("DATABASE_URL", "postgres://postgres@127.0.0.1:5432/outbox_claim_bench")
 os.environ["DJANGO_SETTINGS_MODULE"] = "tests.settings"
 os.environ["DEBUG"] = "false"
@@ -62,17 +63,6 @@ SELECT md5(k::text || '-' || j::text || clock_timestamp()::text)::uuid, 'topic.1
 FROM generate_series(1, 200) AS k, generate_series(0, %(followers)s) AS j
 ORDER BY k, j
 """
-
-
-def ensure_database(url: str) -> None:
-    import psycopg
-
-    parsed = urlparse(url)
-    name = parsed.path.lstrip("/")
-    admin_url = parsed._replace(path="/postgres").geturl()
-    with psycopg.connect(admin_url, autocommit=True) as conn:
-        if not conn.execute("SELECT 1 FROM pg_database WHERE datname = %s", [name]).fetchone():
-            conn.execute(f'CREATE DATABASE "{name}"')
 
 
 def main() -> int:
