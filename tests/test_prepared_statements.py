@@ -2,14 +2,19 @@
 
 from __future__ import annotations
 
+import contextlib
+import datetime as dt
+from collections.abc import Iterator
+
 import pytest
 from django.core.checks import run_checks
-from django.db import connection
+from django.db import connection, connections
 from django.test import override_settings
 from django.test.utils import CaptureQueriesContext
 from django.utils import timezone
 
 from django_outbox import store
+from django_outbox.models import Message
 
 from .factories import MessageFactory
 
@@ -70,3 +75,53 @@ def test_nothing_is_prepared_when_switched_off(postgres):
 def test_the_setting_must_be_a_boolean():
     errors = [e for e in run_checks() if e.id == "django_outbox.E003" and "PREPARED_STATEMENTS" in e.msg]
     assert errors and "True or False" in errors[0].msg
+
+
+def _claimed_and_stored() -> tuple[Message, Message]:
+    sent = MessageFactory()
+    (claimed,) = store.claim("default", worker="w1", limit=10, lease_seconds=30)
+    assert claimed.pk == sent.pk
+    return claimed, Message.objects.get(pk=sent.pk)
+
+
+FIELDS = [f.attname for f in Message._meta.concrete_fields]
+
+
+def test_claimed_timestamps_equal_what_django_reads_in_utc(postgres):
+    claimed, stored = _claimed_and_stored()
+    assert {f: getattr(claimed, f) for f in FIELDS} == {f: getattr(stored, f) for f in FIELDS}
+    for value in (claimed.available_at, claimed.created_at, claimed.locked_until):
+        assert value.tzinfo is dt.UTC  # the very object Django's own loader pins
+
+
+@contextlib.contextmanager
+def _reconnected(**settings: object) -> Iterator[None]:
+    """Settings that Django applies when it connects, on a fresh connection."""
+    wrapper = connections["default"]  # the connection itself: ``connection`` is a proxy to it
+
+    def reconnect() -> None:
+        wrapper.close()
+        for cached in ("timezone", "timezone_name"):
+            wrapper.__dict__.pop(cached, None)
+
+    reconnect()
+    try:
+        with override_settings(**settings):
+            yield
+            reconnect()
+    finally:
+        reconnect()
+
+
+@pytest.mark.parametrize("settings", [{"USE_TZ": False}, {"TIME_ZONE": "Asia/Kolkata"}], ids=["naive", "Kolkata"])
+def test_other_time_zone_settings_still_read_as_django_reads(postgres, settings):
+    with _reconnected(**settings):
+        claimed, stored = _claimed_and_stored()
+        assert {f: getattr(claimed, f) for f in FIELDS} == {f: getattr(stored, f) for f in FIELDS}
+        assert claimed.locked_until.tzinfo == stored.locked_until.tzinfo
+        started = claimed.locked_until.replace(microsecond=123456)  # naive without USE_TZ, as Django's values are
+        outcome = store.Outcome(
+            message_id=claimed.pk, number=1, status="delivered", started_at=started, finished_at=started
+        )
+        assert store.record("default", worker="w1", outcomes=[outcome]) == set()
+        assert Message.objects.get(pk=claimed.pk).attempt_log.get().started_at == started

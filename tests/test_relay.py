@@ -3,6 +3,7 @@ from __future__ import annotations
 import datetime as dt
 import threading
 import time
+import zoneinfo
 
 import pytest
 from django.db import connection
@@ -152,6 +153,35 @@ def test_record_is_fenced_by_the_lease():
     assert message.status == Message.Status.DELIVERED
 
 
+def test_record_keeps_every_time_to_the_microsecond_and_any_error_text():
+    delivered, retried = MessageFactory(), MessageFactory()
+    store.claim("default", worker="w1", limit=2, lease_seconds=30)
+    paris = zoneinfo.ZoneInfo("Europe/Paris")
+    started = dt.datetime(2026, 3, 29, 1, 59, 59, 999999, tzinfo=paris)  # the hour a DST change skips
+    finished = dt.datetime(2026, 3, 29, 3, 0, 0, 1, tzinfo=paris)
+    retry_at = dt.datetime(2199, 12, 31, 23, 59, 59, 999999, tzinfo=dt.UTC)
+    error = 'Traceback:\n  "quoted" \\ back\\slash, tab\t, emoji \U0001f600, accents éà'
+    outcomes = [
+        store.Outcome(message_id=delivered.pk, number=1, status="delivered", started_at=started, finished_at=finished),
+        store.Outcome(
+            message_id=retried.pk,
+            number=1,
+            status="pending",
+            started_at=started,
+            finished_at=finished,
+            error=error,
+            retry_at=retry_at,
+        ),
+    ]
+    assert store.record("default", worker="w1", outcomes=outcomes) == set()
+    for message in (delivered, retried):
+        attempt = Attempt.objects.get(message=message)
+        assert (attempt.started_at, attempt.finished_at) == (started, finished)
+    retried.refresh_from_db()
+    assert retried.available_at == retry_at and retried.last_error == error
+    assert Attempt.objects.get(message=retried).error == error
+
+
 def test_reaper_requeues_expired_leases_as_abandoned_attempts():
     alive, dead_worker, exhausted = MessageFactory(), MessageFactory(), MessageFactory(max_attempts=1)
     store.claim("default", worker="crashed", limit=3, lease_seconds=30)
@@ -279,3 +309,18 @@ def test_until_empty_waits_for_keyed_messages_held_only_by_the_commit_order_fenc
     thread.join(timeout=30)
     assert not thread.is_alive()
     assert Message.objects.get(pk=message.pk).status == "delivered"
+
+
+def test_an_error_text_the_database_cannot_store_is_recorded_readably(handler):
+    """A NUL or a lone surrogate in an exception must not make the record fail (and the message stick)."""
+
+    def odd(message):
+        raise ValueError("bad \x00 byte and \udcff half a pair")
+
+    handler("t.odd", odd)
+    message = outbox.send("t.odd", {}, max_attempts=1)
+    run_until_empty()
+    message.refresh_from_db()
+    assert message.status == Message.Status.DEAD
+    assert "bad \\x00 byte and \\udcff half a pair" in message.last_error
+    assert "bad \\x00 byte" in message.attempt_log.get().error
