@@ -164,7 +164,11 @@ def _topic_filter(topics: Sequence[str] | None, column: str = "topic") -> tuple[
 
 
 if psycopg is not None:
-    _TIMESTAMPTZ_LOADER = psycopg.adapters.get_loader(psycopg.adapters.types["timestamptz"].oid, psycopg.pq.Format.TEXT)
+    _loader = psycopg.adapters.get_loader(psycopg.adapters.types["timestamptz"].oid, psycopg.pq.Format.TEXT)
+    if _loader is None:  # pragma: no cover - psycopg registers one for every built-in type
+        raise ImportError("psycopg has no timestamptz loader")
+    #: psycopg's own (compiled where its binary package is installed), not Django's subclass of it.
+    _TIMESTAMPTZ_LOADER: type[psycopg.abc.Loader] = _loader
 
     class _PreparingCursor(psycopg.Cursor[Any]):
         """Binds parameters server-side and prepares every statement it runs."""

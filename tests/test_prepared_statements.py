@@ -78,7 +78,7 @@ def test_the_setting_must_be_a_boolean():
 
 
 def _claimed_and_stored() -> tuple[Message, Message]:
-    sent = MessageFactory()
+    sent = MessageFactory.create()
     (claimed,) = store.claim("default", worker="w1", limit=10, lease_seconds=30)
     assert claimed.pk == sent.pk
     return claimed, Message.objects.get(pk=sent.pk)
