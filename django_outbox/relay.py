@@ -480,13 +480,17 @@ class Relay:
 
     def _announce(self, batch: Sequence[Message], outcomes: Sequence[store.Outcome], lost: set[int]) -> None:
         by_id = {m.id: m for m in batch}
+        # Asked once per batch: per message, these two questions cost more than the rest of this loop.
+        debug = logger.isEnabledFor(logging.DEBUG)
+        delivered_listeners = signals.message_delivered.has_listeners(Message)
         for o in outcomes:
             message = by_id[o.message_id]
             if o.message_id in lost:
                 continue
             if o.status == store.DELIVERED:
-                logger.debug("delivered %s #%d (attempt %d)", message.topic, message.id, o.number)
-                if signals.message_delivered.has_listeners(Message):
+                if debug:
+                    logger.debug("delivered %s #%d (attempt %d)", message.topic, message.id, o.number)
+                if delivered_listeners:
                     signals.message_delivered.send_robust(Message, message=message, attempt=o.number)
             elif o.status == store.DEAD:
                 logger.error(

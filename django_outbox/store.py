@@ -111,32 +111,45 @@ def _decoders(alias: str, vendor: str) -> list[tuple[int, Any, tuple[Callable[..
 
 
 def _to_message(alias: str, conn: BaseDatabaseWrapper, row: Sequence[Any]) -> Message:
-    values = list(row)
-    for i, col, converters in _decoders(alias, conn.vendor):
-        value = values[i]
-        for convert in converters:
-            value = convert(value, col, conn)
-        values[i] = value
-    return _instance(alias, values)
+    return _to_messages(alias, conn, [row])[0]
 
 
-def _instance(alias: str, values: Sequence[Any]) -> Message:
+def _to_messages(alias: str, conn: BaseDatabaseWrapper, rows: Iterable[Sequence[Any]]) -> list[Message]:
+    decoders = _decoders(alias, conn.vendor)
+    build = _instance_builder(alias)
+    messages = []
+    for row in rows:
+        values = list(row)
+        for i, col, converters in decoders:
+            value = values[i]
+            for convert in converters:
+                value = convert(value, col, conn)
+            values[i] = value
+        messages.append(build(values))
+    return messages
+
+
+def _instance_builder(alias: str) -> Callable[[Sequence[Any]], Message]:
     """What ``Message.from_db()`` returns, without running ``Model.__init__`` over every field.
 
     A claim builds one per message and ``send()`` one per call; ``__init__`` cost about 30 µs of each
     when it ran cold after a round trip (docs/performance.md). Django's own ``from_db()`` is used
-    whenever something listens for the model's init signals, so they keep firing.
+    whenever something listens for the model's init signals, so they keep firing. Asked once per batch.
     """
     if pre_init.has_listeners(Message) or post_init.has_listeners(Message):
-        return Message.from_db(alias, _ATTNAMES, values)
-    message = Message.__new__(Message)
-    state = ModelState()
-    state.adding = False
-    state.db = alias
-    attributes = message.__dict__
-    attributes.update(zip(_ATTNAMES, values, strict=True))
-    attributes["_state"] = state
-    return message
+        return functools.partial(Message.from_db, alias, _ATTNAMES)
+
+    def build(values: Sequence[Any]) -> Message:
+        message = Message.__new__(Message)
+        state = ModelState()
+        state.adding = False
+        state.db = alias
+        attributes = message.__dict__
+        attributes.update(zip(_ATTNAMES, values, strict=True))
+        attributes["_state"] = state
+        return message
+
+    return build
 
 
 def _prep_dt(conn: BaseDatabaseWrapper, value: dt.datetime | None) -> Any:
@@ -311,7 +324,7 @@ def _new_message(alias: str, message_id: int, new: NewMessage) -> Message:
         "last_error": "",
         "visible_after_xid": None,  # stamped by the first claim that sees a keyed row
     }
-    return _instance(alias, [values[name] for name in _ATTNAMES])
+    return _instance_builder(alias)([values[name] for name in _ATTNAMES])
 
 
 # --- relaying ----------------------------------------------------------------------------------
@@ -439,7 +452,7 @@ def _claim_once(
         cursor.execute(sql, params)
         rows = cursor.fetchall()
     fenced = int(rows[0][-1]) if rows and _is_pg(conn) else 0
-    return [_to_message(alias, conn, row[:-1]) for row in rows if row[0] is not None], fenced
+    return _to_messages(alias, conn, (row[:-1] for row in rows if row[0] is not None)), fenced
 
 
 def record(alias: str, *, worker: str, outcomes: Sequence[Outcome]) -> set[int]:

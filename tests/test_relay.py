@@ -1,6 +1,7 @@
 from __future__ import annotations
 
 import datetime as dt
+import logging
 import threading
 import time
 import zoneinfo
@@ -324,3 +325,22 @@ def test_an_error_text_the_database_cannot_store_is_recorded_readably(handler):
     assert message.status == Message.Status.DEAD
     assert "bad \\x00 byte and \\udcff half a pair" in message.last_error
     assert "bad \\x00 byte" in message.attempt_log.get().error
+
+
+def test_delivered_signal_and_debug_log_name_every_delivered_message(handler, caplog):
+    handler("t.sig", lambda m: None)
+    sent = [outbox.send("t.sig", {"n": n}) for n in range(3)]
+    seen = []
+
+    def on_delivered(sender, message, attempt, **kwargs):
+        seen.append((message.pk, attempt))
+
+    signals.message_delivered.connect(on_delivered, weak=False, dispatch_uid="t-delivered")
+    try:
+        with caplog.at_level(logging.DEBUG, logger="django_outbox.relay"):
+            run_until_empty()
+    finally:
+        signals.message_delivered.disconnect(dispatch_uid="t-delivered")
+    assert sorted(seen) == [(m.pk, 1) for m in sent]
+    for m in sent:
+        assert f"delivered t.sig #{m.pk} (attempt 1)" in caplog.text
