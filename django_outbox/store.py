@@ -462,10 +462,11 @@ def _walking_plan(conn: BaseDatabaseWrapper) -> Iterator[None]:
     """Plan the claim with sorting disabled, in the same round trip, so it walks the pending index.
 
     The claim takes the first due messages in id order. Walking the partial index of pending rows
-    reads about one batch however long the backlog. The planner prefers to collect every due row and
-    sort them whenever its statistics say few are pending, as they do when a burst arrives after a
-    quiet spell, until autovacuum analyzes the table again: each claim then sorted the whole backlog
-    (18 ms per batch of 100 from a 40,000-message backlog, against 4 ms; docs/performance.md).
+    reads about one batch however long the backlog. Whenever its estimates say few rows are pending,
+    the planner prefers to collect every due row and sort them: on a table PostgreSQL has not analyzed
+    yet (a new deployment, or after ``pg_upgrade``, which keeps no statistics), each claim sorted the
+    whole backlog (18 ms per batch of 100 from a 40,000-message backlog, against 4 ms;
+    docs/performance.md), until autovacuum analyzed the table.
 
     ``enable_sort = off`` is set for the claim's transaction only (``SET LOCAL``): sent in the same
     pipeline, the two statements share PostgreSQL's implicit transaction and one round trip. Inside a
