@@ -708,7 +708,17 @@ def compare(ctx: Context, reference: Json) -> Json:
     return result
 
 
-def environment() -> Json:
+#: Server settings that move the figures; recorded with every run (the shared server of the machine the
+#: docs' figures come from runs with ``autovacuum = off``, for one).
+SERVER_SETTINGS = ("server_version", "autovacuum", "synchronous_commit", "fsync", "shared_buffers", "max_wal_size")
+
+
+def _show(conn: psycopg.Connection[tuple[object, ...]], name: str) -> str:
+    row = conn.execute(f"SHOW {name}").fetchone()
+    return str(row[0]) if row else ""
+
+
+def environment(dsn: str | None = None) -> Json:
     import django
 
     info: Json = {
@@ -725,4 +735,7 @@ def environment() -> Json:
                 break
     except OSError:
         pass
+    if dsn is not None:
+        with tables.connect(dsn) as conn:
+            info["postgresql"] = {name: _show(conn, name) for name in SERVER_SETTINGS}
     return info

@@ -70,7 +70,7 @@ def main(argv: list[str] | None = None) -> int:
     ctx = figures.Context(
         dsn=dsn, sizes=figures.SIZES[size_name], compare_python=compare_python, log=lambda s: print(s, flush=True)
     )
-    results: dict[str, Any] = {"mode": size_name, "environment": figures.environment(), "figures": {}}
+    results: dict[str, Any] = {"mode": size_name, "environment": figures.environment(dsn), "figures": {}}
     out = results["figures"]
     started = time.monotonic()
     steps: list[tuple[str, str, Any]] = [

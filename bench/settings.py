@@ -28,4 +28,6 @@ OUTBOX = {
     # BENCH_PREPARED_STATEMENTS=0: the workers without prepared statements, for an A/B of the setting
     "PREPARED_STATEMENTS": os.environ.get("BENCH_PREPARED_STATEMENTS", "1") == "1",
 }
+if "BENCH_HOUSEKEEPING_INTERVAL" in os.environ:  # bench/autovacuum.py keeps its history: no archiving
+    OUTBOX["HOUSEKEEPING_INTERVAL_SECONDS"] = float(os.environ["BENCH_HOUSEKEEPING_INTERVAL"])
 LOGGING["loggers"]["django_outbox"]["level"] = "ERROR"  # type: ignore[index]  # noqa: F405

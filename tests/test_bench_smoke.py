@@ -58,6 +58,9 @@ def test_smoke_run_measures_every_figure(bench_dsn, tmp_path):
         assert all(rep["received"] == rep["sent"] > 0 for rep in figures[key]["reps"])
     assert figures["drain"]["by_processes"]["1"]["reps"]
     assert figures["memory"]["messages"] == 500
+    # The server settings that move the figures are on record with them.
+    server = results["environment"]["postgresql"]
+    assert server["autovacuum"] in ("on", "off") and server["synchronous_commit"] and server["server_version"]
     # The table the command prints names each figure.
     for row in ("a. send()", "b. drain", "c. commit to handler", "d. claim 100", "d. drain with", "e. worker RSS"):
         assert row in run.stdout

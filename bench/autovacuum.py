@@ -1,0 +1,187 @@
+"""What migration 0003's autovacuum settings buy: a steady outbox with a long history, tuned against default.
+
+    python bench/autovacuum.py [--history 1000000] [--rate 500] [--seconds 240] [--reps 2] [--json FILE]
+
+It runs on a private PostgreSQL server that it creates and removes (as ``bench/chaos.py`` does), with
+PostgreSQL's default autovacuum configuration: the shared server of the machine this was written on runs
+with ``autovacuum = off``, where these table settings can do nothing. (fsync is off on the private
+server: what is measured is pages read, not durability.)
+
+For each setting (the migration's ``ALTER TABLE ... SET (...)``, or ``RESET`` to PostgreSQL's defaults;
+alternating which goes first), the table gets ``--history`` delivered messages, is vacuumed and
+checkpointed, and then a producer commits ``--rate`` messages a second (ten transactions a second)
+while one ``outbox_worker`` relays them, for ``--seconds``. Every 5 seconds the harness samples:
+
+- the pages the claim's index walk reads to find the first 100 pending messages (``EXPLAIN (ANALYZE,
+  BUFFERS)`` of that walk, sorting disabled as in the worker), and its time: the dead index entries
+  left by claimed and recorded messages are what it walks past until vacuum removes them;
+- ``n_dead_tup`` and the autovacuum count of the message table, and how many messages are pending.
+
+It prints, per setting, medians and maxima over the second half of the window, and the number of
+autovacuum runs. Autovacuum wakes once per ``autovacuum_naptime`` (1 minute by default), so the window
+should span several.
+"""
+
+from __future__ import annotations
+
+import argparse
+import importlib
+import json
+import os
+import statistics
+import sys
+import threading
+import time
+from pathlib import Path
+from typing import Any
+
+ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT))
+from bench import procs, tables  # noqa: E402  (needs ROOT on the path)
+from bench.chaos import PrivateCluster  # noqa: E402
+
+os.environ["DJANGO_SETTINGS_MODULE"] = "bench.settings"
+
+WALK = (
+    "EXPLAIN (ANALYZE, BUFFERS, FORMAT JSON) SELECT id FROM django_outbox_message"
+    " WHERE status = 'pending' AND available_at <= now() ORDER BY id LIMIT 100"
+)
+STATS = (
+    "SELECT n_dead_tup, autovacuum_count, (SELECT count(*) FROM django_outbox_message WHERE status = 'pending')"
+    " FROM pg_stat_user_tables WHERE relname = 'django_outbox_message'"
+)
+
+
+def _setting(conn: Any, tuned: bool) -> None:
+    settings = importlib.import_module("django_outbox.migrations.0003_message_autovacuum")
+    if tuned:
+        options = ", ".join(f"{name} = {value}" for name, value in settings.SETTINGS.items())
+        conn.execute(f"ALTER TABLE {tables.MESSAGE} SET ({options})")
+    else:
+        conn.execute(f"ALTER TABLE {tables.MESSAGE} RESET ({', '.join(settings.SETTINGS)})")
+
+
+def _walk(conn: Any) -> tuple[int, float]:
+    with conn.transaction():
+        conn.execute("SET LOCAL enable_sort = off")
+        row = conn.execute(WALK).fetchone()
+        assert row is not None
+        plan = row[0][0]
+    top = plan["Plan"]
+    return int(top.get("Shared Hit Blocks", 0)) + int(top.get("Shared Read Blocks", 0)), float(plan["Execution Time"])
+
+
+def run_once(dsn: str, *, tuned: bool, history: int, rate: int, seconds: float) -> dict[str, Any]:
+    with tables.connect(dsn) as conn:
+        tables.truncate(conn)
+        _setting(conn, tuned)
+        tables.fill_history(conn, history)
+        tables.vacuum(conn)
+        conn.execute("CHECKPOINT")
+        row = conn.execute(STATS).fetchone()
+        vacuums_before = float(str(row[1])) if row else 0.0
+        options = conn.execute("SELECT reloptions FROM pg_class WHERE relname = %s", [tables.MESSAGE]).fetchone()
+    # Housekeeping off: it would archive the history (older than ARCHIVE_AFTER), and those deletes, not
+    # the relaying, would then decide when autovacuum runs.
+    worker = procs.outbox_worker(dsn, "--batch-size", "100", env={"BENCH_HOUSEKEEPING_INTERVAL": "0"})
+    stop = threading.Event()
+    sent = 0
+
+    def produce() -> None:
+        nonlocal sent
+        per_tx = max(1, rate // 10)
+        with tables.connect(dsn) as conn:
+            next_at = time.monotonic()
+            while not stop.is_set():
+                tables.fill_pending(conn, per_tx)
+                sent += per_tx
+                next_at += 0.1
+                time.sleep(max(0.0, next_at - time.monotonic()))
+
+    samples: list[dict[str, float]] = []
+    try:
+        worker.wait_for_line("relaying")
+        producer = threading.Thread(target=produce, daemon=True)
+        started = time.monotonic()
+        producer.start()
+        with tables.connect(dsn) as conn:
+            while (elapsed := time.monotonic() - started) < seconds:
+                time.sleep(5.0)
+                pages, ms = _walk(conn)
+                row = conn.execute(STATS).fetchone()
+                assert row is not None
+                dead, vacuums, pending = (float(str(value)) for value in row)
+                samples.append(
+                    {
+                        "t": elapsed,
+                        "pages": pages,
+                        "ms": ms,
+                        "dead": dead,
+                        "vacuums": vacuums - vacuums_before,
+                        "pending": pending,
+                    }
+                )
+        stop.set()
+        producer.join()
+    finally:
+        stop.set()
+        procs.stop_all([worker])
+    late = [s for s in samples if s["t"] >= seconds / 2]
+    return {
+        "tuned": tuned,
+        "reloptions": options[0] if options else None,
+        "sent": sent,
+        "autovacuum_runs": samples[-1]["vacuums"] if samples else 0,
+        "walk_pages_median": statistics.median(s["pages"] for s in late),
+        "walk_pages_max": max(s["pages"] for s in late),
+        "walk_ms_median": statistics.median(s["ms"] for s in late),
+        "walk_ms_max": max(s["ms"] for s in late),
+        "dead_median": statistics.median(s["dead"] for s in late),
+        "dead_max": max(s["dead"] for s in late),
+        "pending_max": max(s["pending"] for s in samples),
+        "samples": samples,
+    }
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--history", type=int, default=1_000_000)
+    parser.add_argument("--rate", type=int, default=500, help="messages per second (default 500)")
+    parser.add_argument("--seconds", type=float, default=240.0)
+    parser.add_argument("--reps", type=int, default=2)
+    parser.add_argument("--json", type=Path)
+    args = parser.parse_args()
+    cluster = PrivateCluster(55433)
+    try:
+        cluster.start()
+        dsn = cluster.url
+        os.environ["DATABASE_URL"] = dsn
+        import django
+        from django.core.management import call_command
+
+        django.setup()
+        call_command("migrate", verbosity=0)
+        results = []
+        for rep in range(args.reps):
+            for tuned in (True, False) if rep % 2 == 0 else (False, True):
+                print(f"rep {rep + 1}, {'tuned' if tuned else 'default'} ...", flush=True)
+                result = run_once(dsn, tuned=tuned, history=args.history, rate=args.rate, seconds=args.seconds)
+                results.append(result)
+                print(
+                    "  autovacuum runs {autovacuum_runs:.0f}; walk pages median {walk_pages_median:.0f} max"
+                    " {walk_pages_max:.0f}; walk ms median {walk_ms_median:.2f} max {walk_ms_max:.2f}; dead tuples"
+                    " median {dead_median:.0f} max {dead_max:.0f}; pending max {pending_max:.0f}".format(**result),
+                    flush=True,
+                )
+    finally:
+        from django.db import connections
+
+        connections.close_all()
+        cluster.remove()
+    if args.json:
+        args.json.write_text(json.dumps({"args": vars(args) | {"json": str(args.json)}, "results": results}, indent=1))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
