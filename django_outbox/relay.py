@@ -111,7 +111,7 @@ def describe_error(exc: BaseException) -> str:
     text = "".join(traceback.format_exception(exc, limit=-8)).strip()
     if len(text) > ERROR_MAX_CHARS:
         text = "...\n" + text[-ERROR_MAX_CHARS:]
-    return text.replace("\x00", "\\x00").encode("utf-8", "backslashreplace").decode("utf-8")
+    return store.storable_text(text)
 
 
 class Relay:

@@ -412,11 +412,10 @@ def _claim_text(pg: bool, topic_sql: str, blocking: tuple[str, ...]) -> str:
             f" WHERE id IN (SELECT c.id FROM {MESSAGE} AS c WHERE c.status = {pending} AND c.available_at <= %s"
             f"{topic_sql} AND (c.key IS NULL OR {head}) ORDER BY c.id LIMIT %s) RETURNING {COLUMNS}, 0"
         )
-    # The set_config() call makes this statement's own transaction commit asynchronously (SET LOCAL
-    # synchronous_commit = off): the claim does not wait for its WAL to reach the disk. A database crash
-    # can then forget the last claims; their messages are pending again and delivered again, and the
-    # worker's record of that delivery finds its lease gone and logs the attempt as such: the duplicate
-    # a crash may cause anyway (docs/reliability.md). Everything recorded after delivery stays durable.
+    # The claim's commit waits for the disk like any other. Committing it asynchronously saved ~0.2 ms
+    # per claim, but a crash could then forget a claim whose attempt number the record's fence relies
+    # on: re-issued to another delivery thread of the same worker, it let a late record of the first
+    # delivery land on the second's lease (docs/performance.md, rejected optimisations).
     return (
         f"WITH fence AS (UPDATE {MESSAGE} SET visible_after_xid ="
         f" (SELECT pg_current_xact_id()::text::bigint)"
@@ -431,7 +430,7 @@ def _claim_text(pg: bool, topic_sql: str, blocking: tuple[str, ...]) -> str:
         f" attempts = m.attempts + 1 FROM picked WHERE m.id = picked.id"
         f" RETURNING {', '.join('m.' + c for c in _COLUMN_NAMES)})"
         f" SELECT claimed.*, (SELECT count(*) FROM fence)"
-        f" FROM (SELECT set_config('synchronous_commit', 'off', true)) AS one LEFT JOIN claimed ON true"
+        f" FROM (SELECT 1) AS one LEFT JOIN claimed ON true"
     )
 
 
@@ -457,6 +456,11 @@ def _claim_once(
     return _to_messages(alias, conn, (row[:-1] for row in rows if row[0] is not None)), fenced
 
 
+_PLAN_AS_A_WALK = (
+    "SELECT set_config('enable_sort', 'off', true), set_config('plan_cache_mode', 'force_custom_plan', true)"
+)
+
+
 @contextlib.contextmanager
 def _walking_plan(conn: BaseDatabaseWrapper) -> Iterator[None]:
     """Plan the claim with sorting disabled, in the same round trip, so it walks the pending index.
@@ -468,9 +472,12 @@ def _walking_plan(conn: BaseDatabaseWrapper) -> Iterator[None]:
     whole backlog (18 ms per batch of 100 from a 40,000-message backlog, against 4 ms;
     docs/performance.md), until autovacuum analyzed the table.
 
-    ``enable_sort = off`` is set for the claim's transaction only (``SET LOCAL``): sent in the same
-    pipeline, the two statements share PostgreSQL's implicit transaction and one round trip. Inside a
-    transaction of the caller's (tests, ``relay_all()``) the claim is planned as usual.
+    ``enable_sort = off`` is set for the claim's transaction only (``SET LOCAL``), with
+    ``plan_cache_mode = force_custom_plan`` so that the prepared claim never settles on a generic plan
+    made under either setting: sent in the same pipeline, the statements share PostgreSQL's implicit
+    transaction and one round trip. Inside a transaction of the caller's (tests, ``relay_all()``) the
+    claim is planned as usual. In the pipeline a failing claim raises when the pipeline closes, after
+    Django's execute wrappers have returned: they see the claim sent, not its outcome.
     """
     raw = conn.connection
     if (
@@ -484,7 +491,7 @@ def _walking_plan(conn: BaseDatabaseWrapper) -> Iterator[None]:
         yield
         return
     with conn.wrap_database_errors, raw.pipeline():
-        raw.execute("SELECT set_config('enable_sort', 'off', true)")
+        raw.execute(_PLAN_AS_A_WALK)
         yield
 
 
@@ -504,26 +511,19 @@ def record(alias: str, *, worker: str, outcomes: Sequence[Outcome]) -> set[int]:
     return _record_generic(conn, worker, outcomes, now)
 
 
-_EPOCH = dt.datetime(1970, 1, 1, tzinfo=dt.UTC)
-_MICROSECOND = dt.timedelta(microseconds=1)
-# Exact: an interval times a whole number of microseconds below 2**53 loses nothing.
-_US_TO_TIMESTAMP = "(timestamptz 'epoch' + o.{} * interval '1 microsecond')"
-
 _LEASE_LOST = "lease lost before this outcome was recorded; the message was requeued and may be delivered again"
 
 
-#: The record of a batch, one statement. The outcomes travel as one JSON document, times in microseconds
-#: since the epoch: psycopg dumped eight parameter arrays element by element in Python (~1.4 ms per batch
-#: of 100, more than the statement's own execution), where ``json.dumps`` takes ~0.13 ms. Statuses are
-#: literals, so the prepared statement settles on its generic plan (primary-key lookups).
+#: The record of a batch, one statement. The outcomes travel as one JSON document: psycopg dumped eight
+#: parameter arrays element by element in Python (~1.4 ms per batch of 100, more than the statement's own
+#: execution), where ``json.dumps`` takes ~0.4 ms. Times are ISO 8601 text, which PostgreSQL reads as it
+#: read a bound timestamp (a naive one, under ``USE_TZ = False``, in the session's time zone). Statuses
+#: are literals, so the prepared statement settles on its generic plan (primary-key lookups).
 _RECORD_PG = f"""
     WITH o AS (
-        SELECT id, number, status, error, outcome,
-               {_US_TO_TIMESTAMP.format("retry_at")} AS retry_at,
-               {_US_TO_TIMESTAMP.format("started_at")} AS started_at,
-               {_US_TO_TIMESTAMP.format("finished_at")} AS finished_at
-        FROM json_to_recordset(%s::json) AS o(id bigint, number int, status text, retry_at bigint, error text,
-                                              started_at bigint, finished_at bigint, outcome text)
+        SELECT * FROM json_to_recordset(%s::json)
+            AS o(id bigint, number int, status text, retry_at timestamptz, error text,
+                 started_at timestamptz, finished_at timestamptz, outcome text)
     ), upd AS (
         UPDATE {MESSAGE} AS m SET
             status = o.status,
@@ -544,12 +544,16 @@ _RECORD_PG = f"""
 """
 
 
-def _epoch_us(value: dt.datetime | None) -> int | None:
-    if value is None:
-        return None
-    if timezone.is_naive(value):  # USE_TZ = False: Django means the default time zone, as does the session
-        value = timezone.make_aware(value, timezone.get_default_timezone())
-    return (value - _EPOCH) // _MICROSECOND
+def _iso(value: dt.datetime | None) -> str | None:
+    return None if value is None else value.isoformat()
+
+
+def storable_text(text: str) -> str:
+    """Text PostgreSQL stores as given: a NUL (refused in text) and lone surrogates (not UTF-8) become
+    visible escapes. Error texts come from exceptions, which may carry either."""
+    if "\x00" in text:
+        text = text.replace("\x00", "\\x00")
+    return text.encode("utf-8", "backslashreplace").decode("utf-8")
 
 
 def _record_pg(conn: BaseDatabaseWrapper, worker: str, outcomes: Sequence[Outcome], now: dt.datetime) -> set[int]:
@@ -558,16 +562,16 @@ def _record_pg(conn: BaseDatabaseWrapper, worker: str, outcomes: Sequence[Outcom
             "id": o.message_id,
             "number": o.number,
             "status": o.status,
-            "retry_at": _epoch_us(o.retry_at),
-            "error": o.error,
-            "started_at": _epoch_us(o.started_at),
-            "finished_at": _epoch_us(o.finished_at),
+            "retry_at": _iso(o.retry_at),
+            "error": storable_text(o.error),
+            "started_at": _iso(o.started_at),
+            "finished_at": _iso(o.finished_at),
             "outcome": o.attempt_outcome,
         }
         for o in outcomes
     ]
     with _worker_cursor(conn) as cursor:
-        cursor.execute(_RECORD_PG, [json.dumps(rows), now, worker, worker, _LEASE_LOST])
+        cursor.execute(_RECORD_PG, [json.dumps(rows, ensure_ascii=False), now, worker, worker, _LEASE_LOST])
         return {row[0] for row in cursor.fetchall()}
 
 
@@ -586,7 +590,15 @@ def _record_generic(conn: BaseDatabaseWrapper, worker: str, outcomes: Sequence[O
                     f"UPDATE {MESSAGE} SET status = %s, available_at = COALESCE(%s, available_at),"
                     f" last_error = %s, locked_by = NULL, locked_until = NULL"
                     f" WHERE id = %s AND attempts = %s AND locked_by = %s AND status = %s",
-                    [o.status, _prep_dt(conn, o.retry_at), o.error, o.message_id, o.number, worker, PROCESSING],
+                    [
+                        o.status,
+                        _prep_dt(conn, o.retry_at),
+                        storable_text(o.error),
+                        o.message_id,
+                        o.number,
+                        worker,
+                        PROCESSING,
+                    ],
                 )
             if cursor.rowcount != 1:
                 lost.add(o.message_id)
@@ -601,7 +613,7 @@ def _record_generic(conn: BaseDatabaseWrapper, worker: str, outcomes: Sequence[O
                     _prep_dt(conn, o.finished_at),
                     worker,
                     o.attempt_outcome,
-                    "\n".join(filter(None, [_LEASE_LOST, o.error])) if o.message_id in lost else o.error,
+                    storable_text("\n".join(filter(None, [_LEASE_LOST, o.error])) if o.message_id in lost else o.error),
                 )
                 for o in outcomes
             ],

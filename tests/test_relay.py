@@ -344,3 +344,24 @@ def test_delivered_signal_and_debug_log_name_every_delivered_message(handler, ca
     assert sorted(seen) == [(m.pk, 1) for m in sent]
     for m in sent:
         assert f"delivered t.sig #{m.pk} (attempt 1)" in caplog.text
+
+
+def test_record_stores_any_error_text_it_is_given():
+    """Whatever produced it, an error text reaches the audit log: NUL and lone surrogates as escapes."""
+    message = MessageFactory()
+    (claimed,) = store.claim("default", worker="w1", limit=1, lease_seconds=30)
+    now = timezone.now()
+    outcome = store.Outcome(
+        message_id=claimed.pk,
+        number=1,
+        status="pending",
+        started_at=now,
+        finished_at=now,
+        error='nul \x00, half \udcff, accents éà, quote "',
+        retry_at=now,
+    )
+    assert store.record("default", worker="w1", outcomes=[outcome]) == set()
+    expected = 'nul \\x00, half \\udcff, accents éà, quote "'
+    assert message.attempt_log.get().error == expected
+    message.refresh_from_db()
+    assert message.last_error == expected
