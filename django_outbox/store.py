@@ -201,7 +201,8 @@ def _worker_cursor(conn: BaseDatabaseWrapper) -> Any:
     poolers. With ``OUTBOX["PREPARED_STATEMENTS"]`` (on by default) these statements are bound
     server-side and prepared once per connection (docs/performance.md); the record then runs a cached
     generic plan, the claim is still planned for each execution (see ``_claim_text``). The wrapper is
-    Django's own, so execute wrappers and error translation see them as any other. Off PostgreSQL or
+    Django's own, so execute wrappers and error translation see them as any other (the claim's errors
+    reach its wrappers late: see ``_walking_plan``). Off PostgreSQL or
     psycopg 3, with the setting off (PgBouncer in transaction pooling before 1.21), or while Django logs
     queries: Django's usual cursor.
     """
