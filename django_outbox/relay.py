@@ -104,14 +104,12 @@ def backoff_seconds(attempt: int, *, base: float, cap: float, retry_after: float
 def describe_error(exc: BaseException) -> str:
     """The error and the tail of its traceback: what an operator needs, bounded in size.
 
-    Any text an exception carries must be storable: a NUL, which PostgreSQL refuses in text, or a lone
-    surrogate, which is not UTF-8, would make the record fail and leave the message leased. They are
-    kept visible as escapes instead.
+    The text stays as the exception wrote it; ``store.record()`` escapes what the database cannot store.
     """
     text = "".join(traceback.format_exception(exc, limit=-8)).strip()
     if len(text) > ERROR_MAX_CHARS:
         text = "...\n" + text[-ERROR_MAX_CHARS:]
-    return store.storable_text(text)
+    return text
 
 
 class Relay:

@@ -202,9 +202,8 @@ def _worker_cursor(conn: BaseDatabaseWrapper) -> Any:
     server-side and prepared once per connection (docs/performance.md); the record then runs a cached
     generic plan, the claim is still planned for each execution (see ``_claim_text``). The wrapper is
     Django's own, so execute wrappers and error translation see them as any other (the claim's errors
-    reach its wrappers late: see ``_walking_plan``). Off PostgreSQL or
-    psycopg 3, with the setting off (PgBouncer in transaction pooling before 1.21), or while Django logs
-    queries: Django's usual cursor.
+    reach its wrappers late: see ``_walking_plan``). Off PostgreSQL or psycopg 3, with the setting off
+    (PgBouncer in transaction pooling before 1.21), or while Django logs queries: Django's usual cursor.
     """
     from .conf import get_settings
 
@@ -549,9 +548,10 @@ def _iso(value: dt.datetime | None) -> str | None:
     return None if value is None else value.isoformat()
 
 
-def storable_text(text: str) -> str:
+def _storable_text(text: str) -> str:
     """Text PostgreSQL stores as given: a NUL (refused in text) and lone surrogates (not UTF-8) become
-    visible escapes. Error texts come from exceptions, which may carry either."""
+    visible escapes. Error texts come from exceptions, which may carry either; left in, they made the
+    record fail and the message stay leased. Applied here, where every outcome passes."""
     if "\x00" in text:
         text = text.replace("\x00", "\\x00")
     return text.encode("utf-8", "backslashreplace").decode("utf-8")
@@ -564,7 +564,7 @@ def _record_pg(conn: BaseDatabaseWrapper, worker: str, outcomes: Sequence[Outcom
             "number": o.number,
             "status": o.status,
             "retry_at": _iso(o.retry_at),
-            "error": storable_text(o.error),
+            "error": _storable_text(o.error),
             "started_at": _iso(o.started_at),
             "finished_at": _iso(o.finished_at),
             "outcome": o.attempt_outcome,
@@ -594,7 +594,7 @@ def _record_generic(conn: BaseDatabaseWrapper, worker: str, outcomes: Sequence[O
                     [
                         o.status,
                         _prep_dt(conn, o.retry_at),
-                        storable_text(o.error),
+                        _storable_text(o.error),
                         o.message_id,
                         o.number,
                         worker,
@@ -614,7 +614,9 @@ def _record_generic(conn: BaseDatabaseWrapper, worker: str, outcomes: Sequence[O
                     _prep_dt(conn, o.finished_at),
                     worker,
                     o.attempt_outcome,
-                    storable_text("\n".join(filter(None, [_LEASE_LOST, o.error])) if o.message_id in lost else o.error),
+                    _storable_text(
+                        "\n".join(filter(None, [_LEASE_LOST, o.error])) if o.message_id in lost else o.error
+                    ),
                 )
                 for o in outcomes
             ],
