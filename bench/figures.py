@@ -249,6 +249,14 @@ OUTBOX = System(
     reset=_outbox_reset,
     fill=_outbox_fill,
 )
+#: The outbox worker with one delivery thread: what one database connection of it drains.
+OUTBOX_ONE_THREAD = System(
+    name="outbox_one_thread",
+    start=lambda ctx: procs.outbox_worker(ctx.dsn, "--batch-size", "100", "--concurrency", "1"),
+    ready=_outbox_ready,
+    reset=_outbox_reset,
+    fill=_outbox_fill,
+)
 BASELINE = System(
     name="baseline",
     start=lambda ctx: procs.baseline_relay(ctx.dsn),
@@ -299,17 +307,24 @@ COMPARE_NAMES = ("procrastinate", "django-tasks-db")
 
 
 def drain(ctx: Context) -> Json:
+    """Each process count against the hand-written relay with as many processes, interleaved.
+
+    The outbox runs with its defaults, as ``manage.py outbox_worker`` would (two delivery threads per
+    process on PostgreSQL). For one process it also runs with ``--concurrency 1``: one thread and one
+    connection against the hand-written relay's one, the efficiency of the loop itself.
+    """
     result: Json = {"messages": ctx.sizes.drain_messages, "batch_size": 100, "by_processes": {}}
     for processes in ctx.sizes.drain_processes:
         reps: list[Json] = []
+        systems = [OUTBOX, OUTBOX_ONE_THREAD, BASELINE] if processes == 1 else [OUTBOX, BASELINE]
         for first in interleaved(ctx.sizes.reps):
             rates: dict[str, float] = {}
-            for system in [OUTBOX, BASELINE] if first else [BASELINE, OUTBOX]:
+            for system in systems if first else systems[::-1]:
                 rates[system.name] = drain_once(ctx, system, processes, ctx.sizes.drain_messages)
             reps.append(rates)
             ctx.log(f"  drain x{processes}: " + ", ".join(f"{k} {v:,.0f}/s" for k, v in rates.items()))
         ratio = median([r["outbox"] / r["baseline"] for r in reps])
-        result["by_processes"][str(processes)] = {
+        figure: Json = {
             "outbox_per_s": median([r["outbox"] for r in reps]),
             "baseline_per_s": median([r["baseline"] for r in reps]),
             "ratio": ratio,
@@ -317,6 +332,10 @@ def drain(ctx: Context) -> Json:
             "ok": ratio >= 0.5,
             "reps": reps,
         }
+        if OUTBOX_ONE_THREAD.name in reps[0]:
+            figure["one_thread_per_s"] = median([r[OUTBOX_ONE_THREAD.name] for r in reps])
+            figure["ratio_one_thread"] = median([r[OUTBOX_ONE_THREAD.name] / r["baseline"] for r in reps])
+        result["by_processes"][str(processes)] = figure
     return result
 
 

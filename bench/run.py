@@ -167,6 +167,16 @@ def render(results: dict[str, Any]) -> str:
                     f">= 0.5x {_ok(d)}",
                 )
             )
+            if "ratio_one_thread" in d:
+                rows.append(
+                    (
+                        f"b. same, {processes} process, --concurrency 1",
+                        f"{d['one_thread_per_s']:,.0f} msg/s",
+                        "the same hand-written runs",
+                        f"{d['ratio_one_thread']:.2f}x",
+                        "",
+                    )
+                )
     for key, name in (("latency_postgresql", "PostgreSQL, NOTIFY"), ("latency_sqlite", "SQLite, polling")):
         if key in f:
             lat = f[key]

@@ -31,3 +31,5 @@ OUTBOX = {
 if "BENCH_HOUSEKEEPING_INTERVAL" in os.environ:  # bench/autovacuum.py keeps its history: no archiving
     OUTBOX["HOUSEKEEPING_INTERVAL_SECONDS"] = float(os.environ["BENCH_HOUSEKEEPING_INTERVAL"])
 LOGGING["loggers"]["django_outbox"]["level"] = "ERROR"  # type: ignore[index]  # noqa: F405
+if "BENCH_CONCURRENCY" in os.environ:
+    OUTBOX["CONCURRENCY"] = int(os.environ["BENCH_CONCURRENCY"])

@@ -44,7 +44,8 @@ class OutboxSettings:
     LEASE_SECONDS: float = 60.0
     POLL_INTERVAL_SECONDS: float = 5.0
     BATCH_SIZE: int = 100
-    CONCURRENCY: int = 1
+    #: Delivery threads per worker; None: 2 on PostgreSQL, 1 on SQLite (see ``default_concurrency``).
+    CONCURRENCY: int | None = None
     GRACE_PERIOD_SECONDS: float = 30.0
     MAX_PAYLOAD_BYTES: int = 1_000_000
     DATABASE: str = "default"

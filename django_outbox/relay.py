@@ -5,7 +5,8 @@ Threads:
   transaction open, then recording every outcome in one statement;
 - one keeper thread that extends the leases of what this worker holds (so a slow but healthy delivery
   is not taken away), reaps the leases of dead workers and writes the worker's heartbeat row;
-- on PostgreSQL, one listener thread that turns ``NOTIFY`` into a wake-up.
+- on PostgreSQL, one listener thread that turns each ``NOTIFY`` into a ring of the doorbell, which wakes
+  one idle delivery thread (a thread whose claim came back full rings it again for the next).
 """
 
 from __future__ import annotations
@@ -27,6 +28,7 @@ from django.utils import timezone
 
 from . import signals, store
 from .conf import get_settings
+from .doorbell import Doorbell
 from .exceptions import DeliveryError, PermanentDeliveryError
 from .models import Message
 from .routing import resolve_transport
@@ -64,7 +66,6 @@ class RelayConfig:
         values: dict[str, object] = {
             "database": conf.DATABASE,
             "batch_size": conf.BATCH_SIZE,
-            "concurrency": conf.CONCURRENCY,
             "lease_seconds": conf.LEASE_SECONDS,
             "poll_interval": conf.POLL_INTERVAL_SECONDS,
             "grace_period": conf.GRACE_PERIOD_SECONDS,
@@ -73,7 +74,21 @@ class RelayConfig:
             "housekeeping_interval": conf.HOUSEKEEPING_INTERVAL_SECONDS,
         }
         values.update({k: v for k, v in overrides.items() if v is not None})
+        if "concurrency" not in values:
+            values["concurrency"] = conf.CONCURRENCY or default_concurrency(str(values["database"]))
         return cls(**values)  # type: ignore[arg-type]
+
+
+def default_concurrency(alias: str) -> int:
+    """Delivery threads when neither ``--concurrency`` nor ``OUTBOX["CONCURRENCY"]`` says.
+
+    On PostgreSQL, two: a delivery thread spends most of a batch waiting for the database (the claim,
+    the record, their commits) and the rest in Python, and a second thread fills those waits, which
+    about doubled one worker process's drain rate (docs/performance.md). More threads than that did not
+    pay on a 2-core machine. On SQLite, one: its writers queue for one lock, and a second thread would
+    only wait in SQLite's busy handler.
+    """
+    return 2 if connections[alias].vendor == "postgresql" else 1
 
 
 @dataclass(kw_only=True)
@@ -119,7 +134,12 @@ class Relay:
         self._stopping = threading.Event()  # no new claims
         self._halt = threading.Event()  # do not start another delivery of a claimed batch either
         self._force = threading.Event()  # do not wait for deliveries in progress
-        self._wake = threading.Event()
+        self._bell = Doorbell(config.concurrency)  # wake-ups: one delivery thread per ring
+        # What the delivery threads are doing, for --until-empty's decision to stop (``_nothing_left``).
+        self._activity = threading.Condition()
+        self._claiming = 0  # claims running now
+        self._holding = 0  # claimed batches not processed yet
+        self._progress = 0  # batches processed so far
         self._done = threading.Event()
         self._threads: list[threading.Thread] = []
         self.listener: Listener | None = None
@@ -138,7 +158,7 @@ class Relay:
         self._stopping.set()
         if not graceful:
             self._force.set()
-        self._wake.set()
+        self._bell.open()
 
     @property
     def stopping(self) -> bool:
@@ -156,7 +176,7 @@ class Relay:
             ",".join(cfg.topics) or "*",
         )
         if cfg.notify and connections[cfg.database].vendor == "postgresql":
-            self.listener = Listener(cfg.database, self._wake, lambda: self._stopping.is_set())
+            self.listener = Listener(cfg.database, self._bell, lambda: self._stopping.is_set())
             self.listener.start()
         keeper = threading.Thread(target=self._keep, name="outbox-keeper", daemon=True)
         keeper.start()
@@ -224,21 +244,44 @@ class Relay:
         return self._claim_and_process(transports) is not None
 
     def _claim_and_process(self, transports: TransportSet) -> Sequence[Message] | None:
-        """The batch claimed and processed, or None when nothing was claimable."""
+        """The batch claimed and processed, or None when nothing was claimable (or the worker is stopping)."""
         cfg = self.config
-        batch = store.claim(
-            cfg.database, worker=cfg.worker_id, limit=cfg.batch_size, lease_seconds=cfg.lease_seconds, topics=cfg.topics
-        )
-        if not batch:
-            return None
-        self._process(batch, transports)
-        return batch
+        with self._activity:
+            if self._stopping.is_set():  # asked under the lock: a thread stopping the worker sees this claim
+                return None
+            self._claiming += 1
+        batch: Sequence[Message] = []
+        try:
+            try:
+                batch = store.claim(
+                    cfg.database,
+                    worker=cfg.worker_id,
+                    limit=cfg.batch_size,
+                    lease_seconds=cfg.lease_seconds,
+                    topics=cfg.topics,
+                )
+            finally:
+                with self._activity:
+                    self._claiming -= 1
+                    self._holding += bool(batch)
+                    self._activity.notify_all()
+            if not batch:
+                return None
+            if len(batch) >= cfg.batch_size:
+                self._bell.ring()  # more may be due: a peer claims the next batch while this one is delivered
+            self._process(batch, transports)
+            return batch
+        finally:
+            if batch:
+                with self._activity:
+                    self._holding -= 1
+                    self._progress += 1
 
     def _claim_again_at_once(self, batch: Sequence[Message]) -> bool:
         """Whether to claim right after this batch, rather than wait for a wake-up or the next due time.
 
         A full batch may have left messages behind. A short one took every message claimable when it
-        was claimed, so with a live listener (which ``_wake`` records even while we are busy) an empty
+        was claimed, so with a live listener (whose rings ``_bell`` keeps while we are busy) an empty
         claim would only add a round trip before the worker is idle again, and delay the next message's
         wake-up by as much (docs/performance.md, latency). Keyed messages are the exception: recording
         the head of a key makes its next message claimable, and nothing announces that.
@@ -256,21 +299,19 @@ class Relay:
             while not self._stopping.is_set():
                 store.refresh_connections()
                 try:
-                    self._wake.clear()
+                    self._bell.take()  # this claim answers a ring that came while we were busy
+                    seen = self._progress
                     batch = self._claim_and_process(transports)
+                    if self._stopping.is_set():
+                        break
                     if batch is not None:
                         failures = 0
                         if self._claim_again_at_once(batch):
                             continue
                         self._idle()
                         continue
-                    if cfg.until_empty and not store.work_in_progress(cfg.database, topics=cfg.topics):
-                        # Look once more: between the empty claim and that check, a message may have
-                        # become claimable (a fence lifted, a lease reaped). Nothing new can be waiting now.
-                        if self._cycle(transports):
-                            continue
+                    if cfg.until_empty and self._nothing_left(transports, seen):
                         logger.info("nothing left to claim now and nothing in flight: stopping")
-                        self._stopping.set()
                         break
                     self._idle()
                     failures = 0
@@ -288,17 +329,41 @@ class Relay:
             transports.close()
             connections.close_all()
 
+    def _nothing_left(self, transports: TransportSet, seen: int) -> bool:
+        """``--until-empty``, after an empty claim: whether the worker may stop now (and stop it if so).
+
+        Not while a message is processing anywhere (it may fail and come back). Then one more look:
+        between the empty claim and that check a message may have become claimable (a fence lifted, a
+        lease reaped). Last, the other delivery threads of this worker: none may hold a batch, or have
+        processed one since this thread's empty claim (``seen`` counts batches processed), because its
+        record can make more messages claimable (a key's next message); a claim of theirs still running
+        is waited for, since it may come back with messages.
+        """
+        cfg = self.config
+        if store.work_in_progress(cfg.database, topics=cfg.topics):
+            return False
+        if self._cycle(transports):
+            return False
+        with self._activity:
+            if not self._activity.wait_for(lambda: self._claiming == 0, timeout=5.0):
+                return False
+            if self._holding or self._progress != seen:
+                return False
+            self._stopping.set()
+        self._bell.open()  # the other threads stop waiting and end
+        return True
+
     def _idle(self) -> None:
         cfg = self.config
         timeout = cfg.poll_interval
         if cfg.until_empty:
             timeout = min(timeout, 0.2)  # nothing may be claimable only because a lease is expiring
-        if self._wake.is_set():
+        if self._bell.take():
             return  # a wake-up came while we were busy: no need to ask when the next message is due
         due = store.next_due(cfg.database, topics=cfg.topics)
         if due is not None:
             timeout = max(0.0, min(timeout, (due - timezone.now()).total_seconds()))
-        self._wake.wait(timeout)
+        self._bell.wait(timeout)
 
     def _database_down(self, exc: BaseException, failures: int) -> None:
         delay = min(10.0, 0.2 * 2 ** min(failures, 6))
@@ -545,7 +610,7 @@ class Relay:
                             len(reaped),
                             ", ".join(f"#{r.message_id}->{r.status}" for r in reaped[:20]),
                         )
-                        self._wake.set()
+                        self._bell.ring()
                     store.heartbeat(cfg.database, beat())
                 except DatabaseError as exc:
                     logger.warning("keeper could not reach the database (%s)", exc)

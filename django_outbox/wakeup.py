@@ -17,7 +17,7 @@ import logging
 import threading
 import time
 from collections.abc import Callable
-from typing import Any
+from typing import Any, Protocol
 
 from django.db import connections, transaction
 from django.db.backends.base.base import BaseDatabaseWrapper
@@ -50,6 +50,12 @@ def notify_on_commit(alias: str) -> None:
     transaction.on_commit(callback, using=alias, robust=True)
 
 
+class Wakeable(Protocol):
+    """What the listener rings: the relay's ``Doorbell``, or a ``threading.Event``."""
+
+    def set(self) -> None: ...
+
+
 class Listener(threading.Thread):
     """LISTENs on its own autocommit connection and sets ``event`` on every notification.
 
@@ -57,7 +63,7 @@ class Listener(threading.Thread):
     reconnect the event is set once, since notifications sent while we were away are lost.
     """
 
-    def __init__(self, alias: str, event: threading.Event, stopping: Callable[[], bool]) -> None:
+    def __init__(self, alias: str, event: Wakeable, stopping: Callable[[], bool]) -> None:
         super().__init__(name="outbox-listener", daemon=True)
         self.alias = alias
         self.event = event

@@ -56,11 +56,23 @@ def test_smoke_run_measures_every_figure(bench_dsn, tmp_path):
     for key in ("latency_postgresql", "latency_sqlite"):
         assert figures[key]["lost"] == 0
         assert all(rep["received"] == rep["sent"] > 0 for rep in figures[key]["reps"])
-    assert figures["drain"]["by_processes"]["1"]["reps"]
+    one_process = figures["drain"]["by_processes"]["1"]
+    assert one_process["reps"]
+    # One process is also measured with one delivery thread, beside the default's two.
+    assert all({"outbox", "outbox_one_thread", "baseline"} <= set(rep) for rep in one_process["reps"])
+    assert one_process["one_thread_per_s"] > 0
     assert figures["memory"]["messages"] == 500
     # The server settings that move the figures are on record with them.
     server = results["environment"]["postgresql"]
     assert server["autovacuum"] in ("on", "off") and server["synchronous_commit"] and server["server_version"]
     # The table the command prints names each figure.
-    for row in ("a. send()", "b. drain", "c. commit to handler", "d. claim 100", "d. drain with", "e. worker RSS"):
+    for row in (
+        "a. send()",
+        "b. drain",
+        "--concurrency 1",
+        "c. commit to handler",
+        "d. claim 100",
+        "d. drain with",
+        "e. worker RSS",
+    ):
         assert row in run.stdout

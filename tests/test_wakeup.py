@@ -94,13 +94,13 @@ def test_notify_can_be_switched_off(listen):
     assert listen() == 0
 
 
-def _start_idle_worker(poll_interval: float) -> tuple[Relay, threading.Thread]:
-    relay = Relay(RelayConfig.from_settings(poll_interval=poll_interval))
+def _start_idle_worker(poll_interval: float, **overrides: object) -> tuple[Relay, threading.Thread]:
+    relay = Relay(RelayConfig.from_settings(poll_interval=poll_interval, **overrides))
     thread = threading.Thread(target=relay.run, daemon=True)
     thread.start()
     assert relay.listener is not None
     wait_for(relay.listener.connected.is_set, timeout=10)
-    time.sleep(0.3)  # let the delivery thread go idle
+    time.sleep(0.3)  # let the delivery threads go idle
     return relay, thread
 
 
@@ -124,7 +124,8 @@ def test_listening_worker_goes_idle_after_a_short_batch_without_an_empty_claim(h
     claims: list[int] = []
     claim = store.claim
     monkeypatch.setattr(store, "claim", lambda *a, **k: claims.append(len(batch := claim(*a, **k))) or batch)
-    relay, thread = _start_idle_worker(poll_interval=60)
+    # two delivery threads: one NOTIFY wakes one of them, so the other makes no empty claim either
+    relay, thread = _start_idle_worker(poll_interval=60, concurrency=2)
     try:
         claims.clear()
         outbox.send("t.wake", {})
@@ -132,6 +133,28 @@ def test_listening_worker_goes_idle_after_a_short_batch_without_an_empty_claim(h
         wait_for(lambda: Message.objects.get().status == "delivered")
         time.sleep(0.5)
         assert claims == [1]  # the wake-up's claim, and no empty one after it
+    finally:
+        relay.stop()
+        thread.join(20)
+
+
+def test_one_notify_wakes_one_thread_and_its_full_batch_wakes_the_other(handler):
+    threads: set[str] = set()
+
+    def slow(message: Message) -> None:
+        threads.add(threading.current_thread().name)
+        time.sleep(0.002)
+
+    handler("t.wake", slow)
+    relay, thread = _start_idle_worker(poll_interval=60, concurrency=2, batch_size=20)
+    try:
+        with transaction.atomic():  # one transaction: one NOTIFY
+            for n in range(200):
+                outbox.send("t.wake", {"n": n})
+        wait_for(lambda: not Message.objects.exclude(status="delivered").exists(), timeout=30)
+        # With a minute's poll and one NOTIFY, the second thread can only have been woken by the first,
+        # whose claim came back full.
+        assert threads == {"outbox-delivery-0", "outbox-delivery-1"}
     finally:
         relay.stop()
         thread.join(20)

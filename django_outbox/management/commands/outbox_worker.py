@@ -36,7 +36,11 @@ class Command(BaseCommand):
             help="Exit once nothing can be claimed now and nothing is being processed.",
         )
         parser.add_argument("--batch-size", type=_positive_int, help="Messages claimed per batch (default 100).")
-        parser.add_argument("--concurrency", type=_positive_int, help="Delivery threads (default 1).")
+        parser.add_argument(
+            "--concurrency",
+            type=_positive_int,
+            help="Delivery threads (default OUTBOX['CONCURRENCY']: 2 on PostgreSQL, 1 on SQLite).",
+        )
         parser.add_argument(
             "--topics",
             nargs="+",
