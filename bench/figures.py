@@ -239,7 +239,7 @@ def _outbox_reset(ctx: Context) -> None:
 
 def _outbox_fill(ctx: Context, n: int) -> float:
     with tables.connect(ctx.dsn) as conn:
-        return tables.fill_pending(conn, n)
+        return tables.fill_pending(conn, n, analyze=True)
 
 
 OUTBOX = System(
