@@ -22,6 +22,7 @@ import time
 import traceback
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
+from typing import Literal
 
 from django.db import DatabaseError, connections
 from django.utils import timezone
@@ -310,9 +311,13 @@ class Relay:
                             continue
                         self._idle()
                         continue
-                    if cfg.until_empty and self._nothing_left(transports, seen):
-                        logger.info("nothing left to claim now and nothing in flight: stopping")
-                        break
+                    if cfg.until_empty:
+                        verdict = self._nothing_left(transports, seen)
+                        if verdict == "stop":
+                            logger.info("nothing left to claim now and nothing in flight: stopping")
+                            break
+                        if verdict == "again":
+                            continue
                     self._idle()
                     failures = 0
                 except DatabaseError as exc:
@@ -329,29 +334,32 @@ class Relay:
             transports.close()
             connections.close_all()
 
-    def _nothing_left(self, transports: TransportSet, seen: int) -> bool:
-        """``--until-empty``, after an empty claim: whether the worker may stop now (and stop it if so).
+    def _nothing_left(self, transports: TransportSet, seen: int) -> Literal["stop", "again", "wait"]:
+        """``--until-empty``, after an empty claim: stop the worker now, claim again at once, or wait.
 
-        Not while a message is processing anywhere (it may fail and come back). Then one more look:
-        between the empty claim and that check a message may have become claimable (a fence lifted, a
-        lease reaped). Last, the other delivery threads of this worker: none may hold a batch, or have
-        processed one since this thread's empty claim (``seen`` counts batches processed), because its
-        record can make more messages claimable (a key's next message); a claim of theirs still running
-        is waited for, since it may come back with messages.
+        Not while a message is processing anywhere (it may fail and come back): wait. Then one more look,
+        since between the empty claim and that check a message may have become claimable (a fence
+        lifted, a lease reaped): if it found a batch, claim again. Last, the other delivery threads of
+        this worker: none may hold a batch, or have processed one since this thread's empty claim
+        (``seen`` counts batches processed), because its record can make more messages claimable (a
+        key's next message); a claim of theirs still running is waited for, since it may come back with
+        messages.
         """
         cfg = self.config
         if store.work_in_progress(cfg.database, topics=cfg.topics):
-            return False
+            return "wait"
         if self._cycle(transports):
-            return False
+            return "again"
         with self._activity:
+            if self._stopping.is_set():
+                return "again"  # stopped meanwhile (a signal): the loop ends without claiming
             if not self._activity.wait_for(lambda: self._claiming == 0, timeout=5.0):
-                return False
+                return "wait"
             if self._holding or self._progress != seen:
-                return False
+                return "wait"
             self._stopping.set()
         self._bell.open()  # the other threads stop waiting and end
-        return True
+        return "stop"
 
     def _idle(self) -> None:
         cfg = self.config

@@ -718,28 +718,56 @@ def reap(alias: str, *, limit: int = 500) -> list[Reaped]:
     return reaped
 
 
+#: How soon an idle worker looks again while a due keyed message waits only for the commit-order fence:
+#: it becomes claimable when older transactions end, and nothing announces that.
+FENCE_RECHECK = dt.timedelta(milliseconds=100)
+
+
 def next_due(alias: str, *, topics: Sequence[str] | None = None) -> dt.datetime | None:
-    """When the earliest pending message becomes available, so an idle worker can sleep until then."""
+    """When an idle worker should look again: the earliest future ``available_at`` of a pending message,
+    or, on PostgreSQL, ``FENCE_RECHECK`` from now while a due keyed message waits only for the fence."""
     conn = _connection(alias)
     topic_sql, topic_params = _topic_filter(topics)
+    now = timezone.now()
+    # Only the future counts: a message due now that the claim left behind is held behind an earlier
+    # message of its key, and is woken by that message's outcome, not by the clock.
+    sql = f"SELECT MIN(available_at) FROM {MESSAGE} WHERE status = %s AND available_at > %s{topic_sql}"
+    params: list[Any] = [PENDING, _prep_dt(conn, now), *topic_params]
+    if _is_pg(conn):
+        fenced_sql, fenced_params = _fenced_heads_sql(conn, topics, now)
+        sql = f"SELECT ({sql}), EXISTS ({fenced_sql})"
+        params += fenced_params
     with conn.cursor() as cursor:
-        # Only the future counts: a message due now that the claim left behind is held behind an earlier
-        # message of its key, and is woken by that message's outcome, not by the clock.
-        cursor.execute(
-            f"SELECT MIN(available_at) FROM {MESSAGE} WHERE status = %s AND available_at > %s{topic_sql}",
-            [PENDING, _prep_dt(conn, timezone.now()), *topic_params],
-        )
+        cursor.execute(sql, params)
         row = cursor.fetchone()
     value = row[0] if row else None
-    if value is None:
-        return None
     if isinstance(value, str):  # SQLite returns the stored text for an aggregate
         from django.utils.dateparse import parse_datetime
 
         value = parse_datetime(value)
     if value is not None and timezone.is_naive(value):
         value = timezone.make_aware(value, dt.UTC)
+    if row is not None and len(row) > 1 and row[1]:
+        recheck = now + FENCE_RECHECK
+        value = recheck if value is None else min(value, recheck)
     return value
+
+
+def _fenced_heads_sql(
+    conn: BaseDatabaseWrapper, topics: Sequence[str] | None, now: dt.datetime
+) -> tuple[str, list[Any]]:
+    """PostgreSQL: a due keyed message at the head of its key that only the commit-order fence holds
+    back (not yet stamped, or stamped above the oldest running transaction)."""
+    topic_sql, topic_params = _topic_filter(topics, column="c.topic")
+    blocking = blocking_statuses()
+    sql = (
+        f"SELECT 1 FROM {MESSAGE} AS c WHERE c.status = %s AND c.available_at <= %s{topic_sql} AND c.key IS NOT NULL"
+        f" AND (c.visible_after_xid IS NULL"
+        f" OR c.visible_after_xid > pg_snapshot_xmin(pg_current_snapshot())::text::bigint)"
+        f" AND NOT EXISTS (SELECT 1 FROM {MESSAGE} AS b WHERE b.key = c.key AND b.id < c.id"
+        f" AND b.status IN ({', '.join(['%s'] * len(blocking))})) LIMIT 1"
+    )
+    return sql, [PENDING, _prep_dt(conn, now), *topic_params, *blocking]
 
 
 def work_in_progress(alias: str, *, topics: Sequence[str] | None = None) -> bool:
@@ -758,16 +786,8 @@ def work_in_progress(alias: str, *, topics: Sequence[str] | None = None) -> bool
             return True
         if not _is_pg(conn):
             return False
-        blocking = blocking_statuses()
-        fenced_sql = (
-            f"SELECT 1 FROM {MESSAGE} AS c WHERE c.status = %s AND c.available_at <= %s"
-            f"{_topic_filter(topics, column='c.topic')[0]} AND c.key IS NOT NULL"
-            f" AND (c.visible_after_xid IS NULL"
-            f" OR c.visible_after_xid > pg_snapshot_xmin(pg_current_snapshot())::text::bigint)"
-            f" AND NOT EXISTS (SELECT 1 FROM {MESSAGE} AS b WHERE b.key = c.key AND b.id < c.id"
-            f" AND b.status IN ({', '.join(['%s'] * len(blocking))})) LIMIT 1"
-        )
-        cursor.execute(fenced_sql, [PENDING, _prep_dt(conn, timezone.now()), *topic_params, *blocking])
+        fenced_sql, fenced_params = _fenced_heads_sql(conn, topics, timezone.now())
+        cursor.execute(fenced_sql, fenced_params)
         return cursor.fetchone() is not None
 
 

@@ -160,6 +160,30 @@ def test_one_notify_wakes_one_thread_and_its_full_batch_wakes_the_other(handler)
         thread.join(20)
 
 
+def test_idle_worker_claims_a_fenced_keyed_message_soon_after_the_older_transaction_ends(handler):
+    """A keyed message that waits only for the commit-order fence becomes claimable when older
+    transactions end, which nothing announces: the idle worker looks again shortly, not at its poll."""
+    delivered = threading.Event()
+    handler("t.fence", lambda m: delivered.set())
+    params = connection.get_connection_params()
+    params.pop("cursor_factory", None)
+    params.pop("context", None)
+    older = psycopg.connect(**params)  # not autocommit: its transaction stays open
+    relay, thread = _start_idle_worker(poll_interval=60)
+    try:
+        older.execute("SELECT pg_current_xact_id()")  # a transaction with an xid, older than the message
+        outbox.send("t.fence", {}, key="fenced")  # its NOTIFY wakes the worker, whose claim stamps it
+        wait_for(lambda: Message.objects.filter(key="fenced", visible_after_xid__isnull=False).exists(), timeout=10)
+        time.sleep(0.3)
+        assert not delivered.is_set()  # held back while the older transaction runs
+        older.commit()
+        assert delivered.wait(5)  # with a minute's poll, only the fence's recheck explains this
+    finally:
+        older.close()
+        relay.stop()
+        thread.join(20)
+
+
 def test_listening_worker_claims_again_at_once_after_a_keyed_batch(handler):
     """Recording the head of a key makes its next message claimable, and no NOTIFY says so."""
     seen: list[int] = []

@@ -123,12 +123,22 @@ def test_sigkill_mid_run_loses_nothing_and_duplicates_only_abandoned_attempts(po
     send_many(3000, sleep=0.002)
     workers = _run_workers(worker_process, 3, "--lease", "3")
     wait_for(lambda: Delivery.objects.count() > 300, timeout=60)
-    victim = Message.objects.filter(status="processing", locked_by__contains=f":{workers[0].pid}:")
-    # Kill it while it holds a batch: between two batches it holds nothing, and nothing would be abandoned.
-    wait_for(victim.exists, timeout=60, interval=0.001)
-    workers[0].kill()
-    workers.append(worker_process("--until-empty", "--batch-size", "50", "--lease", "3"))
-    for worker in workers[1:]:
+    held: set[int] = set()
+    for _ in range(3):
+        # Kill a worker while it holds a batch. It may still record that batch between the look and the
+        # signal (each of its delivery threads is between batches only for a moment): then what it held
+        # is empty, and the next worker is tried, with a fresh one started in its place.
+        victim = workers.pop(0)
+        holding = Message.objects.filter(status="processing", locked_by__contains=f":{victim.pid}:")
+        wait_for(holding.exists, timeout=60, interval=0.001)
+        victim.kill()
+        victim.proc.wait(timeout=10)
+        held = set(holding.values_list("id", flat=True))
+        workers.append(worker_process("--until-empty", "--batch-size", "50", "--lease", "3"))
+        if held:
+            break
+    assert held, "no worker could be killed while it held a batch"
+    for worker in workers:
         code, output = worker.wait(timeout=300)
         assert code == 0, output
     assert Message.objects.filter(status="delivered").count() == 3000
@@ -136,5 +146,5 @@ def test_sigkill_mid_run_loses_nothing_and_duplicates_only_abandoned_attempts(po
     assert len(per_message) == 3000  # none lost
     duplicated = {mid for mid, n in per_message.items() if n > 1}
     abandoned = set(Attempt.objects.filter(outcome="abandoned").values_list("message_id", flat=True))
-    assert abandoned, "the killed worker held a batch: its attempts must be recorded as abandoned"
+    assert held <= abandoned, "every message the killed worker held has its attempt recorded as abandoned"
     assert duplicated <= abandoned
