@@ -4,11 +4,13 @@ from __future__ import annotations
 
 import threading
 import time
+from collections.abc import Callable
 
 from django_outbox.doorbell import Doorbell
 
 
-def _waiters(bell: Doorbell, count: int, timeout: float) -> tuple[list[threading.Thread], list[tuple[bool, float]]]:
+def _wait_in_threads(bell: Doorbell, count: int, timeout: float, then: Callable[[], None]) -> list[tuple[bool, float]]:
+    """``count`` threads wait on ``bell``; once they all wait, ``then()`` runs. Each thread's (rung, seconds)."""
     results: list[tuple[bool, float]] = []
     lock = threading.Lock()
 
@@ -22,15 +24,15 @@ def _waiters(bell: Doorbell, count: int, timeout: float) -> tuple[list[threading
     for t in threads:
         t.start()
     time.sleep(0.1)  # let them all wait
-    return threads, results
+    then()
+    for t in threads:
+        t.join()
+    return results
 
 
 def test_a_ring_wakes_one_waiting_thread_only():
     bell = Doorbell(2)
-    threads, results = _waiters(bell, 2, timeout=1.0)
-    bell.ring()
-    for t in threads:
-        t.join()
+    results = _wait_in_threads(bell, 2, timeout=1.0, then=bell.ring)
     assert sorted(rung for rung, _ in results) == [False, True]
     woken = next(elapsed for rung, elapsed in results if rung)
     slept = next(elapsed for rung, elapsed in results if not rung)
@@ -60,10 +62,7 @@ def test_listener_interface_set_rings():
 
 def test_open_wakes_every_thread_and_every_later_wait_returns_at_once():
     bell = Doorbell(3)
-    threads, results = _waiters(bell, 3, timeout=5.0)
-    bell.open()
-    for t in threads:
-        t.join()
+    results = _wait_in_threads(bell, 3, timeout=5.0, then=bell.open)
     assert [rung for rung, _ in results] == [True, True, True]
     assert max(elapsed for _, elapsed in results) < 4.0
     started = time.monotonic()
