@@ -59,8 +59,8 @@ def hooks(settings, server):
     return configure
 
 
-def relay() -> Relay:
-    worker = Relay(RelayConfig.from_settings(until_empty=True, poll_interval=0.05, notify=False))
+def relay(**overrides: object) -> Relay:
+    worker = Relay(RelayConfig.from_settings(until_empty=True, poll_interval=0.05, notify=False, **overrides))
     worker.run()
     return worker
 
@@ -89,7 +89,7 @@ def test_delivers_signed_request_that_standardwebhooks_verifies(hooks, server):
 def test_one_pooled_connection_per_worker_thread(hooks, server):
     for n in range(3):
         outbox.send("orders.created", {"n": n})
-    relay()
+    relay(concurrency=1)  # one delivery thread: its three requests share one pooled connection
     assert len(server.requests) == 3
     assert len({r.client_port for r in server.requests}) == 1
 
