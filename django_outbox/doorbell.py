@@ -26,10 +26,6 @@ class Doorbell:
             self._rings = min(self._rings + 1, self._limit)
             self._cond.notify()
 
-    def set(self) -> None:
-        """``ring()``, under the name ``wakeup.Listener`` calls (it was handed an ``Event`` before)."""
-        self.ring()
-
     def open(self) -> None:
         """Wake every thread now and let every later wait return at once: the worker is stopping."""
         with self._cond:

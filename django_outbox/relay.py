@@ -177,7 +177,7 @@ class Relay:
             ",".join(cfg.topics) or "*",
         )
         if cfg.notify and connections[cfg.database].vendor == "postgresql":
-            self.listener = Listener(cfg.database, self._bell, lambda: self._stopping.is_set())
+            self.listener = Listener(cfg.database, self._bell.ring, lambda: self._stopping.is_set())
             self.listener.start()
         keeper = threading.Thread(target=self._keep, name="outbox-keeper", daemon=True)
         keeper.start()

@@ -17,7 +17,7 @@ import logging
 import threading
 import time
 from collections.abc import Callable
-from typing import Any, Protocol
+from typing import Any
 
 from django.db import connections, transaction
 from django.db.backends.base.base import BaseDatabaseWrapper
@@ -50,23 +50,17 @@ def notify_on_commit(alias: str) -> None:
     transaction.on_commit(callback, using=alias, robust=True)
 
 
-class Wakeable(Protocol):
-    """What the listener rings: the relay's ``Doorbell``, or a ``threading.Event``."""
-
-    def set(self) -> None: ...
-
-
 class Listener(threading.Thread):
-    """LISTENs on its own autocommit connection and sets ``event`` on every notification.
+    """LISTENs on its own autocommit connection and calls ``wake()`` on every notification.
 
     A dropped connection (database restart, network cut) is re-opened with capped backoff; after each
-    reconnect the event is set once, since notifications sent while we were away are lost.
+    reconnect ``wake()`` is called once, since notifications sent while we were away are lost.
     """
 
-    def __init__(self, alias: str, event: Wakeable, stopping: Callable[[], bool]) -> None:
+    def __init__(self, alias: str, wake: Callable[[], None], stopping: Callable[[], bool]) -> None:
         super().__init__(name="outbox-listener", daemon=True)
         self.alias = alias
-        self.event = event
+        self.wake = wake
         self.stopping = stopping
         self.connected = threading.Event()
 
@@ -83,11 +77,11 @@ class Listener(threading.Thread):
                 with psycopg.connect(**params, autocommit=True) as conn:
                     conn.execute(psycopg.sql.SQL("LISTEN {}").format(psycopg.sql.Identifier(channel)))
                     self.connected.set()
-                    self.event.set()
+                    self.wake()
                     delay = 0.1
                     while not self.stopping():
                         for _ in conn.notifies(timeout=0.5, stop_after=1):
-                            self.event.set()
+                            self.wake()
             except Exception as exc:  # any failure means: reconnect, and poll meanwhile
                 self.connected.clear()
                 if self.stopping():

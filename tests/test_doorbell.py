@@ -53,13 +53,6 @@ def test_kept_rings_are_capped_at_one_per_thread():
     assert [bell.take(), bell.take(), bell.take()] == [True, True, False]
 
 
-def test_listener_interface_set_rings():
-    bell = Doorbell(1)
-    bell.set()
-    assert bell.take() is True
-    assert bell.take() is False
-
-
 def test_open_wakes_every_thread_and_every_later_wait_returns_at_once():
     bell = Doorbell(3)
     results = _wait_in_threads(bell, 3, timeout=5.0, then=bell.open)
