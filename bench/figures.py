@@ -242,21 +242,20 @@ def _outbox_fill(ctx: Context, n: int) -> float:
         return tables.fill_pending(conn, n, analyze=True)
 
 
-OUTBOX = System(
-    name="outbox",
-    start=lambda ctx: procs.outbox_worker(ctx.dsn, "--batch-size", "100"),
-    ready=_outbox_ready,
-    reset=_outbox_reset,
-    fill=_outbox_fill,
-)
+def _outbox_system(name: str, *options: str) -> System:
+    """``manage.py outbox_worker`` with batches of 100 and ``options``, on the outbox's own table."""
+    return System(
+        name=name,
+        start=lambda ctx: procs.outbox_worker(ctx.dsn, "--batch-size", "100", *options),
+        ready=_outbox_ready,
+        reset=_outbox_reset,
+        fill=_outbox_fill,
+    )
+
+
+OUTBOX = _outbox_system("outbox")
 #: The outbox worker with one delivery thread: what one database connection of it drains.
-OUTBOX_ONE_THREAD = System(
-    name="outbox_one_thread",
-    start=lambda ctx: procs.outbox_worker(ctx.dsn, "--batch-size", "100", "--concurrency", "1"),
-    ready=_outbox_ready,
-    reset=_outbox_reset,
-    fill=_outbox_fill,
-)
+OUTBOX_ONE_THREAD = _outbox_system("outbox_one_thread", "--concurrency", "1")
 BASELINE = System(
     name="baseline",
     start=lambda ctx: procs.baseline_relay(ctx.dsn),

@@ -31,5 +31,5 @@ OUTBOX = {
 if "BENCH_HOUSEKEEPING_INTERVAL" in os.environ:  # bench/autovacuum.py keeps its history: no archiving
     OUTBOX["HOUSEKEEPING_INTERVAL_SECONDS"] = float(os.environ["BENCH_HOUSEKEEPING_INTERVAL"])
 LOGGING["loggers"]["django_outbox"]["level"] = "ERROR"  # type: ignore[index]  # noqa: F405
-if "BENCH_CONCURRENCY" in os.environ:
+if "BENCH_CONCURRENCY" in os.environ:  # the workers' delivery threads, for an A/B of the default (two)
     OUTBOX["CONCURRENCY"] = int(os.environ["BENCH_CONCURRENCY"])

@@ -8,6 +8,7 @@ import sys
 import time
 from collections.abc import Callable, Iterator
 from pathlib import Path
+from typing import Any
 
 import pytest
 from django.db import connection
@@ -20,6 +21,16 @@ IN_CI = os.environ.get("CI") == "true"
 
 def is_postgres() -> bool:
     return connection.vendor == "postgresql"
+
+
+def connect_raw(**options: Any) -> Any:
+    """A psycopg connection of its own to the test database (PostgreSQL), beside Django's."""
+    import psycopg
+
+    params = connection.get_connection_params()
+    params.pop("cursor_factory", None)  # Django's, for its own connections
+    params.pop("context", None)
+    return psycopg.connect(**params, **options)
 
 
 def require_service(name: str, host: str, port: int) -> None:

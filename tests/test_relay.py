@@ -15,7 +15,7 @@ from django_outbox.models import Attempt, Message
 from django_outbox.relay import Relay, RelayConfig, backoff_seconds
 from django_outbox.testing import relay_all
 
-from .conftest import wait_for
+from .conftest import connect_raw, wait_for
 from .factories import MessageFactory
 
 pytestmark = pytest.mark.django_db(transaction=True)
@@ -291,13 +291,9 @@ def test_worker_command_restores_signal_handlers(handler):
 def test_until_empty_waits_for_keyed_messages_held_only_by_the_commit_order_fence(postgres, handler):
     """An unrelated open transaction holds back keyed messages (see docs/ordering.md); --until-empty must
     wait for them rather than call the outbox empty."""
-    import psycopg
 
     handler("t.keyed", lambda m: None)
-    params = connection.get_connection_params()
-    params.pop("cursor_factory", None)
-    params.pop("context", None)
-    with psycopg.connect(**params) as other:
+    with connect_raw() as other:
         other.execute("SELECT pg_current_xact_id()")  # an open transaction holding a transaction id
         message = outbox.send("t.keyed", {}, key="order-1")
         relay = Relay(RelayConfig.from_settings(until_empty=True, poll_interval=0.05))

@@ -5,7 +5,6 @@ from __future__ import annotations
 import threading
 import time
 
-import psycopg
 import pytest
 from django.db import connection, transaction
 from django.test import override_settings
@@ -15,7 +14,7 @@ from django_outbox import outbox, store
 from django_outbox.models import Message
 from django_outbox.relay import Relay, RelayConfig
 
-from .conftest import wait_for
+from .conftest import connect_raw, wait_for
 
 pytestmark = [pytest.mark.django_db(transaction=True), pytest.mark.usefixtures("postgres")]
 
@@ -23,10 +22,7 @@ pytestmark = [pytest.mark.django_db(transaction=True), pytest.mark.usefixtures("
 @pytest.fixture
 def listen():
     """A separate connection LISTENing on the outbox channel; returns a function that drains notifications."""
-    params = connection.get_connection_params()
-    params.pop("cursor_factory", None)
-    params.pop("context", None)
-    conn = psycopg.connect(**params, autocommit=True)
+    conn = connect_raw(autocommit=True)
     conn.execute("LISTEN django_outbox")
 
     def received(wait: float = 0.5) -> int:
@@ -165,10 +161,7 @@ def test_idle_worker_claims_a_fenced_keyed_message_soon_after_the_older_transact
     transactions end, which nothing announces: the idle worker looks again shortly, not at its poll."""
     delivered = threading.Event()
     handler("t.fence", lambda m: delivered.set())
-    params = connection.get_connection_params()
-    params.pop("cursor_factory", None)
-    params.pop("context", None)
-    older = psycopg.connect(**params)  # not autocommit: its transaction stays open
+    older = connect_raw()  # not autocommit: its transaction stays open
     relay, thread = _start_idle_worker(poll_interval=60)
     try:
         older.execute("SELECT pg_current_xact_id()")  # a transaction with an xid, older than the message
