@@ -21,16 +21,14 @@ ROOT = Path(__file__).resolve().parent.parent
 IN_CI = os.environ.get("CI") == "true"
 
 # Property-based tests: a capped profile under CI (the suite runs in four cells), a fuller one by hand
-# (HYPOTHESIS_PROFILE=thorough). No deadline: a database round trip's time is machine noise.
+# (HYPOTHESIS_PROFILE=thorough). No deadline: a database round trip's time is machine noise. Tests that
+# take a function-scoped fixture (db, a server) roll back or reset what each example wrote themselves.
+SUPPRESSED = [HealthCheck.too_slow, HealthCheck.function_scoped_fixture]
 hypothesis_settings.register_profile(
-    "ci", max_examples=40, deadline=None, suppress_health_check=[HealthCheck.too_slow], derandomize=True
+    "ci", max_examples=40, deadline=None, suppress_health_check=SUPPRESSED, derandomize=True
 )
-hypothesis_settings.register_profile(
-    "dev", max_examples=100, deadline=None, suppress_health_check=[HealthCheck.too_slow]
-)
-hypothesis_settings.register_profile(
-    "thorough", max_examples=2000, deadline=None, suppress_health_check=[HealthCheck.too_slow]
-)
+hypothesis_settings.register_profile("dev", max_examples=100, deadline=None, suppress_health_check=SUPPRESSED)
+hypothesis_settings.register_profile("thorough", max_examples=2000, deadline=None, suppress_health_check=SUPPRESSED)
 hypothesis_settings.load_profile(os.environ.get("HYPOTHESIS_PROFILE") or ("ci" if IN_CI else "dev"))
 
 
