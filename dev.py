@@ -22,6 +22,16 @@ from urllib.parse import urlparse
 
 ROOT = Path(__file__).resolve().parent
 DEFAULT_PG_URL = "postgres://postgres@127.0.0.1:5432/test"
+#: Run once more with USE_TZ = False (naive times in a zone away from UTC): what handles time.
+NAIVE_TIME_TESTS = [
+    "tests/test_housekeeping.py",
+    "tests/test_retention_settings.py",
+    "tests/test_relay.py",
+    "tests/test_worker_processes.py",
+    "tests/test_admin.py",
+    "tests/test_status_command.py",
+    "tests/test_ordering.py",
+]
 
 
 def run(*cmd: str | Path, env: dict[str, str] | None = None, check: bool = True) -> int:
@@ -107,6 +117,7 @@ def cmd_test(args: argparse.Namespace) -> None:
         runs.append(("Django 5.2 / SQLite", python, {"DATABASE_URL": ""}))
     if args.database in ("all", "postgresql") and have_pg:
         runs.append(("Django 5.2 / PostgreSQL", python, {"DATABASE_URL": pg_url}))
+    naive = [] if pytest_args else [label for label, _, _ in runs]  # only for a whole-suite run
     if not args.no_django6:
         newer = find_python(12)
         if newer is None:
@@ -124,9 +135,17 @@ def cmd_test(args: argparse.Namespace) -> None:
         print(f"\n=== {label} ===", flush=True)
         if run(interpreter, "-m", "pytest", *pytest_args, env=env, check=False) != 0:
             failed.append(label)
+    for label, interpreter, env in [r for r in runs if r[0] in naive]:
+        label = f"{label}, USE_TZ = False"
+        print(f"\n=== {label} ===", flush=True)
+        if run(interpreter, "-m", "pytest", *NAIVE_TIME_TESTS, env={**env, "TEST_USE_TZ": "0"}, check=False) != 0:
+            failed.append(label)
     if failed:
         sys.exit(f"test runs failed: {', '.join(failed)}")
-    print(f"\nall test runs passed: {', '.join(label for label, _, _ in runs)}")
+    print(
+        f"\nall test runs passed: {', '.join(label for label, _, _ in runs)}"
+        + (", and USE_TZ = False" if naive else "")
+    )
 
 
 def main() -> None:

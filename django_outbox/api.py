@@ -96,6 +96,8 @@ def _available_at(delay: object, available_at: object, now: dt.datetime) -> dt.d
     if available_at is not None:
         if not isinstance(available_at, dt.datetime):
             raise TypeError(f"outbox.send(): available_at must be a datetime, not {type(available_at).__name__}.")
+        if not django_settings.USE_TZ:  # naive times in TIME_ZONE, as Django's own fields take them
+            return timezone.make_naive(available_at) if timezone.is_aware(available_at) else available_at
         if timezone.is_naive(available_at):
             raise ValueError(
                 "outbox.send(): available_at must be timezone-aware (use django.utils.timezone.now() + timedelta(...))."

@@ -11,6 +11,10 @@ with ``SKIP LOCKED``), so housekeeping never holds a long lock and never compete
 - ``RETENTION_MODE = "delete"``: finished messages stay in the message table until ``RETENTION`` has
   passed, then are deleted in batches with their attempts.
 
+Whatever the mode, the archive forgets what is older than ``RETENTION``: an archive left by an earlier
+archive mode is emptied on schedule after a switch to delete mode. Worker rows (heartbeats) not seen for
+``WORKER_ROWS_KEPT_FOR`` or ``RETENTION``, whichever is longer, are deleted too.
+
 Dead messages are never touched: they stay until an operator retries or cancels them. On PostgreSQL a
 session advisory lock lets one process at a time do the work; the others skip the round.
 """
@@ -30,7 +34,7 @@ from django.utils import timezone
 
 from .archive_models import ArchivedAttempt, ArchivedMessage
 from .conf import get_settings
-from .store import ATTEMPT, CANCELLED, DELIVERED, MESSAGE, _connection, _is_pg, _prep_dt
+from .store import ATTEMPT, CANCELLED, DELIVERED, MESSAGE, WORKER, _connection, _is_pg, _prep_dt
 
 logger = logging.getLogger("django_outbox.housekeeping")
 
@@ -44,6 +48,8 @@ DAYS_AHEAD = 3
 ADVISORY_LOCK_ID = 0x6F7574626F78  # "outbox"
 #: DDL (partition create/drop) gives up rather than queue behind a long reader; the next round retries.
 DDL_LOCK_TIMEOUT = "5s"
+#: Heartbeat rows of workers not seen for this long (or ``RETENTION``, if longer) are deleted.
+WORKER_ROWS_KEPT_FOR = dt.timedelta(days=7)
 
 _PARTITION = re.compile(r"_p(\d{8})$")
 _MESSAGE_COLUMNS = (
@@ -61,6 +67,7 @@ class Report:
     archive_deleted: int = 0  # SQLite: rows pruned from the archive
     partitions_created: list[str] = field(default_factory=list)
     partitions_dropped: list[str] = field(default_factory=list)
+    workers_pruned: int = 0  # heartbeat rows of long-gone workers
     finished: bool = True  # False when the time budget ran out with work left
 
     def __str__(self) -> str:
@@ -73,6 +80,8 @@ class Report:
             parts.append(f"created partitions {', '.join(self.partitions_created)}")
         if self.partitions_dropped:
             parts.append(f"dropped partitions {', '.join(self.partitions_dropped)}")
+        if self.workers_pruned:
+            parts.append(f"pruned {self.workers_pruned} worker rows")
         if not self.finished:
             parts.append("(time budget used up; more next round)")
         return ", ".join(parts)
@@ -83,7 +92,7 @@ def run(
 ) -> Report:
     """One round of housekeeping; ``time_budget`` (seconds) bounds it for a worker's background thread."""
     conn = _connection(alias)
-    now = now or timezone.now()
+    now = _aware(now or timezone.now())
     deadline = None if time_budget is None else time.monotonic() + time_budget
     if _is_pg(conn):
         with conn.cursor() as cursor:
@@ -99,20 +108,48 @@ def run(
     return _run(conn, now, batch_size, deadline)
 
 
+def _aware(value: dt.datetime) -> dt.datetime:
+    """``now`` as an aware datetime: with ``USE_TZ = False`` Django's times are naive, in ``TIME_ZONE``.
+
+    Every comparison below is made on aware values; ``_prep_dt`` turns them back into what the
+    connection expects.
+    """
+    return timezone.make_aware(value) if timezone.is_naive(value) else value
+
+
 def _run(conn: BaseDatabaseWrapper, now: dt.datetime, batch_size: int, deadline: float | None) -> Report:
     conf = get_settings()
     report = Report()
+    retention_cutoff = now - conf.RETENTION
     if conf.RETENTION_MODE == "delete":
-        report.deleted, report.finished = _batches(conn, now - conf.RETENTION, batch_size, deadline, archive=None)
-        return report
-    if _is_pg(conn):
-        report.partitions_created = ensure_partitions(conn, now)
-    report.archived, report.finished = _batches(conn, now - conf.ARCHIVE_AFTER, batch_size, deadline, archive=now)
-    if _is_pg(conn):
-        report.partitions_dropped = drop_partitions(conn, older_than=now - conf.RETENTION)
+        report.deleted, report.finished = _batches(conn, retention_cutoff, batch_size, deadline, archive=None)
     else:
-        report.archive_deleted = _prune_archive(conn, now - conf.RETENTION, batch_size, deadline)
+        if _is_pg(conn):
+            report.partitions_created = ensure_partitions(conn, now)
+        report.archived, report.finished = _batches(conn, now - conf.ARCHIVE_AFTER, batch_size, deadline, archive=now)
+    # The archive is emptied in either mode: it may hold messages archived before a switch to "delete".
+    if _is_pg(conn):
+        keep_from = _first_kept_day(now)
+        report.partitions_dropped = drop_partitions(conn, older_than=retention_cutoff, keep_from=keep_from)
+        # Days whose partitions are kept (see _first_kept_day) may still hold rows older than a short
+        # RETENTION: those go row by row, in batches.
+        if retention_cutoff > dt.datetime.combine(keep_from, dt.time(), tzinfo=dt.UTC):
+            report.archive_deleted = _prune_archive(conn, retention_cutoff, batch_size, deadline)
+    else:
+        report.archive_deleted = _prune_archive(conn, retention_cutoff, batch_size, deadline)
+    report.workers_pruned = _prune_workers(conn, now - max(conf.RETENTION, WORKER_ROWS_KEPT_FOR))
     return report
+
+
+def _first_kept_day(now: dt.datetime) -> dt.date:
+    """The first day whose partition ``ensure_partitions`` keeps: dropping it would only recreate it."""
+    return now.astimezone(dt.UTC).date() - dt.timedelta(days=1)
+
+
+def _prune_workers(conn: BaseDatabaseWrapper, cutoff: dt.datetime) -> int:
+    with conn.cursor() as cursor:
+        cursor.execute(f"DELETE FROM {WORKER} WHERE last_seen < %s", [_prep_dt(conn, cutoff)])
+        return int(cursor.rowcount)
 
 
 def _batches(
@@ -213,8 +250,8 @@ def partition_name(table: str, day: dt.date) -> str:
 
 def ensure_partitions(conn: BaseDatabaseWrapper, now: dt.datetime, *, days_ahead: int = DAYS_AHEAD) -> list[str]:
     """Create the daily partitions from yesterday to ``days_ahead`` days on (UTC); returns those created."""
-    today = now.astimezone(dt.UTC).date()
-    wanted = [today + dt.timedelta(days=n) for n in range(-1, days_ahead + 1)]
+    first = _first_kept_day(_aware(now))
+    wanted = [first + dt.timedelta(days=n) for n in range(days_ahead + 2)]
     existing = set(partitions(conn, ARCHIVED_MESSAGE)) | set(partitions(conn, ARCHIVED_ATTEMPT))
     created = []
     for day in wanted:
@@ -232,13 +269,16 @@ def ensure_partitions(conn: BaseDatabaseWrapper, now: dt.datetime, *, days_ahead
     return created
 
 
-def drop_partitions(conn: BaseDatabaseWrapper, *, older_than: dt.datetime) -> list[str]:
-    """Drop every daily partition whose whole day ended before ``older_than``."""
+def drop_partitions(
+    conn: BaseDatabaseWrapper, *, older_than: dt.datetime, keep_from: dt.date | None = None
+) -> list[str]:
+    """Drop every daily partition whose whole day ended before ``older_than``, except days from ``keep_from``."""
+    older_than = _aware(older_than)
     dropped = []
     for table in (ARCHIVED_ATTEMPT, ARCHIVED_MESSAGE):
         for name, day in partitions(conn, table).items():
             end = dt.datetime.combine(day + dt.timedelta(days=1), dt.time(), tzinfo=dt.UTC)
-            if end <= older_than:
+            if end <= older_than and (keep_from is None or day < keep_from):
                 _ddl(conn, f"DROP TABLE IF EXISTS {name}")
                 dropped.append(name)
     return dropped

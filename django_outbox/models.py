@@ -165,6 +165,9 @@ class Worker(models.Model):
     delivered = models.PositiveBigIntegerField(default=0)
     failed = models.PositiveBigIntegerField(default=0)
     stopped_at = models.DateTimeField(null=True, blank=True)
+    #: Housekeeping rounds of this worker that raised, and the last one's error ("" once a round succeeds).
+    housekeeping_failures = models.PositiveBigIntegerField(default=0)
+    housekeeping_error = models.TextField(blank=True, default="")
 
     class Meta:
         ordering = ["-last_seen"]

@@ -46,6 +46,12 @@ class WorkerState:
     delivered: int
     failed: int
     state: str  # alive | stopped | gone
+    housekeeping_failures: int = 0  # rounds of this worker's housekeeping that raised
+    housekeeping_error: str = ""  # the last round's error, "" when it succeeded
+
+    @property
+    def housekeeping_failing(self) -> bool:
+        return bool(self.housekeeping_error)
 
     @property
     def alive(self) -> bool:
@@ -84,6 +90,11 @@ class Overview:
         return [w for w in self.workers if w.alive]
 
     @property
+    def housekeeping_failing(self) -> list[WorkerState]:
+        """Live workers whose last housekeeping round raised."""
+        return [w for w in self.alive_workers if w.housekeeping_failing]
+
+    @property
     def delivered_last_hour(self) -> int:
         return sum(m.delivered for m in self.minutes)
 
@@ -109,6 +120,7 @@ class Overview:
             "dead_by_topic": [{"topic": topic, "dead": n} for topic, n in self.dead_by_topic],
             "blocked_keys": [asdict(b) for b in self.blocked_keys],
             "workers_alive": len(self.alive_workers),
+            "housekeeping_failing": [w.worker_id for w in self.housekeeping_failing],
             "workers": [
                 {**asdict(w), "started_at": when(w.started_at), "last_seen": when(w.last_seen)} for w in self.workers
             ],
@@ -206,6 +218,8 @@ def _workers(using: str, now: dt.datetime, stale_after: float) -> list[WorkerSta
                 delivered=w.delivered,
                 failed=w.failed,
                 state=state,
+                housekeeping_failures=w.housekeeping_failures,
+                housekeeping_error=w.housekeeping_error,
             )
         )
     states.sort(key=lambda w: (not w.alive, w.hostname, w.worker_id))

@@ -101,6 +101,8 @@ class Stats:
     in_flight: int = 0
     lost_leases: int = 0
     reaped: int = 0
+    housekeeping_failures: int = 0  # rounds that raised
+    housekeeping_error: str = ""  # the last round's error; "" once a round succeeds
     lock: threading.Lock = field(default_factory=threading.Lock, repr=False)
 
     def rate(self) -> float:
@@ -602,6 +604,8 @@ class Relay:
                 delivered=self.stats.delivered,
                 failed=self.stats.failed + self.stats.dead,
                 stopped=stopped,
+                housekeeping_failures=self.stats.housekeeping_failures,
+                housekeeping_error=self.stats.housekeeping_error,
             )
 
         try:
@@ -639,7 +643,11 @@ class Relay:
     def _housekeep(self) -> None:
         """Retention in its own thread, so a slow round never delays the keeper's lease renewals.
 
-        Every worker runs this loop; on PostgreSQL an advisory lock lets one of them work per round.
+        Every worker runs this loop; on PostgreSQL an advisory lock lets one of them work per round. No
+        error ends it: a round that raises is logged with its traceback, counted and reported in the
+        worker's heartbeat row (the admin overview and ``outbox_status`` show it), and the next round runs
+        on schedule. A thread that died here would leave a worker that delivers but never cleans up, with
+        nothing to say so.
         """
         from . import housekeeping
 
@@ -651,10 +659,19 @@ class Relay:
                 store.refresh_connections()
                 try:
                     report = housekeeping.run(cfg.database, time_budget=max(1.0, cfg.housekeeping_interval / 2))
-                except DatabaseError as exc:
-                    logger.warning("housekeeping could not run (%s); trying again in %.0fs", exc, wait)
-                    connections[cfg.database].close()
+                except Exception as exc:
+                    self.stats.housekeeping_failures += 1
+                    self.stats.housekeeping_error = describe_error(exc)
+                    if isinstance(exc, DatabaseError):
+                        logger.warning("housekeeping could not run (%s); trying again in %.0fs", exc, wait)
+                    else:
+                        logger.exception("housekeeping round failed; trying again in %.0fs", wait)
+                    try:
+                        connections[cfg.database].close()
+                    except Exception:  # the round's error is what matters; the next round reconnects
+                        pass
                     continue
+                self.stats.housekeeping_error = ""
                 if report.archived or report.deleted or report.partitions_dropped or report.archive_deleted:
                     logger.info("housekeeping: %s", report)
         finally:

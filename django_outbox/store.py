@@ -20,6 +20,7 @@ from collections.abc import Callable, Iterable, Iterator, Sequence
 from dataclasses import dataclass
 from typing import Any
 
+from django.conf import settings
 from django.db import connections, transaction
 from django.db.backends.base.base import BaseDatabaseWrapper
 from django.db.models.base import ModelState
@@ -154,6 +155,9 @@ def _instance_builder(alias: str) -> Callable[[Sequence[Any]], Message]:
 
 
 def _prep_dt(conn: BaseDatabaseWrapper, value: dt.datetime | None) -> Any:
+    # With USE_TZ = False the backends take naive times in TIME_ZONE (SQLite refuses aware ones).
+    if value is not None and not settings.USE_TZ and timezone.is_aware(value):
+        value = timezone.make_naive(value)
     return conn.ops.adapt_datetimefield_value(value)
 
 
@@ -745,7 +749,7 @@ def next_due(alias: str, *, topics: Sequence[str] | None = None) -> dt.datetime 
         from django.utils.dateparse import parse_datetime
 
         value = parse_datetime(value)
-    if value is not None and timezone.is_naive(value):
+    if value is not None and settings.USE_TZ and timezone.is_naive(value):  # SQLite's text is UTC
         value = timezone.make_aware(value, dt.UTC)
     if row is not None and len(row) > 1 and row[1]:
         recheck = now + FENCE_RECHECK
@@ -804,6 +808,8 @@ class WorkerBeat:
     delivered: int
     failed: int
     stopped: bool = False
+    housekeeping_failures: int = 0
+    housekeeping_error: str = ""
 
 
 def heartbeat(alias: str, beat: WorkerBeat) -> None:
@@ -812,10 +818,12 @@ def heartbeat(alias: str, beat: WorkerBeat) -> None:
     with conn.cursor() as cursor:
         cursor.execute(
             f"INSERT INTO {WORKER} (worker_id, hostname, pid, started_at, last_seen, in_flight, delivered, failed,"
-            f" stopped_at) VALUES (%s, %s, %s, %s, %s, %s, %s, %s, %s)"
+            f" stopped_at, housekeeping_failures, housekeeping_error)"
+            f" VALUES (%s, %s, %s, %s, %s, %s, %s, %s, %s, %s, %s)"
             f" ON CONFLICT (worker_id) DO UPDATE SET last_seen = EXCLUDED.last_seen,"
             f" in_flight = EXCLUDED.in_flight, delivered = EXCLUDED.delivered, failed = EXCLUDED.failed,"
-            f" stopped_at = EXCLUDED.stopped_at",
+            f" stopped_at = EXCLUDED.stopped_at, housekeeping_failures = EXCLUDED.housekeeping_failures,"
+            f" housekeeping_error = EXCLUDED.housekeeping_error",
             [
                 beat.worker_id,
                 beat.hostname,
@@ -826,6 +834,8 @@ def heartbeat(alias: str, beat: WorkerBeat) -> None:
                 beat.delivered,
                 beat.failed,
                 _prep_dt(conn, now) if beat.stopped else None,
+                beat.housekeeping_failures,
+                _storable_text(beat.housekeeping_error),
             ],
         )
 

@@ -1,5 +1,7 @@
 """The demo's settings plus a probe app whose handlers record every delivery for the tests to inspect."""
 
+import os
+
 from testproject.settings import *  # noqa: F403
 
 INSTALLED_APPS = [*INSTALLED_APPS, "tests.probe"]  # noqa: F405
@@ -28,3 +30,9 @@ else:
     _other["NAME"] = f"{_other['NAME']}_other"
     _other["TEST"] = {}
 DATABASES["other"] = _other  # noqa: F405
+
+# TEST_USE_TZ=0 runs the suite (or part of it) with naive datetimes, as projects with USE_TZ = False do.
+# A zone away from UTC, so a naive time mistaken for UTC (or the reverse) shows.
+if os.environ.get("TEST_USE_TZ", "1") == "0":
+    USE_TZ = False
+    TIME_ZONE = "America/New_York"

@@ -10,6 +10,7 @@ from django.core.management import call_command
 from django.db import connection, connections
 from django.test import override_settings
 from django.test.utils import CaptureQueriesContext
+from django.urls import reverse
 from django.utils import timezone
 
 from django_outbox import housekeeping
@@ -166,3 +167,107 @@ def test_a_running_worker_does_housekeeping(worker_process):
     wait_for(lambda: ArchivedMessage.objects.filter(pk=message.pk).exists(), timeout=30)
     assert not Message.objects.filter(pk=message.pk).exists()
     worker.stop()
+
+
+@pytest.mark.parametrize("use_tz", [True, False])
+def test_switching_to_delete_mode_still_empties_the_archive_after_retention(use_tz):
+    """An archive kept from an earlier archive mode is still forgotten after RETENTION in delete mode."""
+    with override_settings(USE_TZ=use_tz):
+        now = timezone.now()
+        finished("delivered", dt.timedelta(days=11))
+        housekeeping.run("default", now=now - dt.timedelta(days=10))  # archived ten days ago, archive mode
+        assert ArchivedMessage.objects.count() == 1
+        with override_settings(OUTBOX={"RETENTION_MODE": "delete", "RETENTION": dt.timedelta(days=7)}):
+            housekeeping.run("default", now=now)
+        assert not ArchivedMessage.objects.exists()
+        assert not ArchivedAttempt.objects.exists()
+
+
+@override_settings(USE_TZ=False)
+def test_housekeeping_works_without_time_zones():
+    old = finished("delivered", dt.timedelta(hours=2))
+    report = housekeeping.run("default")
+    assert report.archived == 1
+    assert ArchivedMessage.objects.filter(pk=old.pk).exists()
+    housekeeping.run("default", now=timezone.now() + dt.timedelta(days=10))
+    assert not ArchivedMessage.objects.exists(), "and the archive forgets it after RETENTION"
+
+
+@override_settings(OUTBOX={"RETENTION": dt.timedelta(hours=6)})
+def test_short_retention_does_not_create_and_drop_partitions_every_round(postgres):
+    housekeeping.run("default")
+    with CaptureQueriesContext(connection) as queries:
+        for _ in range(3):
+            report = housekeeping.run("default")
+            assert not report.partitions_created and not report.partitions_dropped
+    ddl = [q["sql"] for q in queries.captured_queries if "CREATE TABLE" in q["sql"] or "DROP TABLE" in q["sql"]]
+    assert ddl == []
+
+
+def test_stopped_and_gone_worker_rows_are_pruned():
+    from django_outbox.models import Worker
+
+    now = timezone.now()
+    common = {"hostname": "h", "pid": 1, "started_at": now - dt.timedelta(days=40)}
+    Worker.objects.create(worker_id="old", last_seen=now - dt.timedelta(days=31), **common)
+    Worker.objects.create(worker_id="recent", last_seen=now - dt.timedelta(days=2), **common)
+    Worker.objects.create(worker_id="alive", last_seen=now, **common)
+    report = housekeeping.run("default")
+    assert report.workers_pruned == 1
+    assert set(Worker.objects.values_list("worker_id", flat=True)) == {"recent", "alive"}
+
+
+def test_a_failing_housekeeping_round_is_reported_and_the_next_one_runs(monkeypatch, admin_client):
+    """The housekeeper thread survives any error: logged, counted, shown in outbox_status and the overview."""
+    import io
+    import json
+    import logging
+
+    from django.core.management import CommandError
+
+    from django_outbox.models import Worker
+    from django_outbox.relay import Relay, RelayConfig
+
+    real_run = housekeeping.run
+    broken = threading.Event()
+    broken.set()
+    rounds: list[str] = []
+
+    def flaky_run(alias, **kwargs):
+        rounds.append("broken" if broken.is_set() else "ok")
+        if broken.is_set():
+            raise TypeError("can't compare offset-naive and offset-aware datetimes")
+        return real_run(alias, **kwargs)
+
+    monkeypatch.setattr(housekeeping, "run", flaky_run)
+    records: list[logging.LogRecord] = []
+    handler = logging.Handler()
+    handler.emit = records.append
+    logging.getLogger("django_outbox.relay").addHandler(handler)
+    relay = Relay(
+        RelayConfig.from_settings(poll_interval=0.05, notify=False, housekeeping_interval=0.2, lease_seconds=1)
+    )
+    thread = threading.Thread(target=relay.run, daemon=True)
+    thread.start()
+    try:
+        wait_for(lambda: Worker.objects.filter(housekeeping_failures__gte=2).exists(), timeout=30)
+        row = Worker.objects.get()
+        assert "TypeError: can't compare" in row.housekeeping_error
+        assert any(r.exc_info and "housekeeping round failed" in r.getMessage() for r in records), "with traceback"
+        out = io.StringIO()
+        with pytest.raises(CommandError, match="housekeeping failing on") as failed:
+            call_command("outbox_status", "--json", "--fail-if-housekeeping-failing", stdout=out)
+        assert failed.value.returncode == 1
+        assert json.loads(out.getvalue())["housekeeping_failing"] == [row.worker_id]
+        page = admin_client.get(reverse("admin:django_outbox_message_overview")).content.decode()
+        assert "failing" in page and "can&#x27;t compare offset-naive" in page
+        message = finished("delivered", dt.timedelta(hours=2))
+        broken.clear()  # the next round succeeds and does its work
+        wait_for(lambda: ArchivedMessage.objects.filter(pk=message.pk).exists(), timeout=30)
+        wait_for(lambda: Worker.objects.get().housekeeping_error == "", timeout=30)
+        call_command("outbox_status", "--fail-if-housekeeping-failing", stdout=io.StringIO())  # healthy again
+    finally:
+        relay.stop()
+        thread.join(15)
+        logging.getLogger("django_outbox.relay").removeHandler(handler)
+    assert "ok" in rounds and not thread.is_alive()

@@ -7,6 +7,7 @@ import time
 import zoneinfo
 
 import pytest
+from django.conf import settings
 from django.db import connection
 from django.utils import timezone
 
@@ -175,11 +176,15 @@ def test_record_keeps_every_time_to_the_microsecond_and_any_error_text():
         ),
     ]
     assert store.record("default", worker="w1", outcomes=outcomes) == set()
+
+    def read_back(value: dt.datetime) -> dt.datetime:  # how Django returns it: naive in TIME_ZONE without USE_TZ
+        return value if settings.USE_TZ else timezone.make_naive(value)
+
     for message in (delivered, retried):
         attempt = Attempt.objects.get(message=message)
-        assert (attempt.started_at, attempt.finished_at) == (started, finished)
+        assert (attempt.started_at, attempt.finished_at) == (read_back(started), read_back(finished))
     retried.refresh_from_db()
-    assert retried.available_at == retry_at and retried.last_error == error
+    assert retried.available_at == read_back(retry_at) and retried.last_error == error
     assert Attempt.objects.get(message=retried).error == error
 
 

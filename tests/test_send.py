@@ -197,3 +197,14 @@ def test_using_writes_in_that_databases_transaction():
         outbox.send("probe.created", {"db": "other", "n": 2}, using="other")
         raise ValueError
     assert Message.objects.using("other").count() == 1
+
+
+@override_settings(USE_TZ=False)
+def test_without_time_zones_available_at_takes_naive_times():
+    """With USE_TZ = False Django's datetimes are naive (in TIME_ZONE); send() takes them as the ORM does."""
+    later = timezone.now() + dt.timedelta(hours=1)
+    assert timezone.is_naive(later)
+    with transaction.atomic():
+        message = outbox.send("orders.created", {"n": 1}, available_at=later)
+    message.refresh_from_db()
+    assert message.available_at == later

@@ -35,6 +35,11 @@ class Command(BaseCommand):
         )
         parser.add_argument("--fail-if-no-worker", action="store_true", help="Exit 1 when no worker is alive.")
         parser.add_argument(
+            "--fail-if-housekeeping-failing",
+            action="store_true",
+            help="Exit 1 when the last housekeeping round of a live worker raised.",
+        )
+        parser.add_argument(
             "--fail-if-dead-over", type=int, metavar="N", help="Exit 1 when more than N messages are dead."
         )
 
@@ -57,6 +62,10 @@ class Command(BaseCommand):
             problems.append(f"lag {figures.lag_seconds:.1f}s is over {lag_limit:g}s")
         if options["fail_if_no_worker"] and not figures.alive_workers:
             problems.append(f"no worker has sent a heartbeat in the last {options['stale_after']:g}s")
+        failing = figures.housekeeping_failing
+        if options["fail_if_housekeeping_failing"] and failing:
+            where = ", ".join(f"{w.worker_id} ({w.housekeeping_failures} rounds)" for w in failing)
+            problems.append(f"housekeeping failing on {where}")
         dead_limit = options["fail_if_dead_over"]
         dead = figures.counts["dead"].value
         if dead_limit is not None and dead > dead_limit:
@@ -80,3 +89,6 @@ class Command(BaseCommand):
                 f"  {w.state:<8} {w.worker_id}  pid {w.pid}  last seen {w.last_seen:%H:%M:%S}  "
                 f"in flight {w.in_flight}  delivered {w.delivered}  failed {w.failed}"
             )
+            if w.housekeeping_error:
+                last = w.housekeeping_error.strip().splitlines()[-1]
+                write(f"    housekeeping failing ({w.housekeeping_failures} failed rounds): {last}")
