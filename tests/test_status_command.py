@@ -111,3 +111,46 @@ def test_minutes_cover_the_last_hour_without_gaps():
     assert len(starts) == 60
     assert all(b - a == dt.timedelta(minutes=1) for a, b in itertools.pairwise(starts))
     assert starts[-1] <= now < starts[-1] + dt.timedelta(minutes=1)
+
+
+def test_lag_counts_only_what_could_be_claimed_now_and_held_messages_are_reported_apart():
+    """A message waiting by design (behind its key's scheduled or dead head) is not lag."""
+    now = timezone.now()
+    ago = now - dt.timedelta(seconds=600)
+    MessageFactory.create(key="k1", available_at=now + dt.timedelta(hours=1), created_at=ago)  # scheduled head
+    MessageFactory.create(key="k1", available_at=ago, created_at=ago)  # due, held behind it
+    MessageFactory.create(key="k2", status=Message.Status.DEAD, created_at=ago, available_at=ago)
+    MessageFactory.create(key="k2", available_at=ago, created_at=ago)  # due, held behind a dead head
+    data = json.loads(status("--json", "--fail-if-lag-over", "60"))
+    assert data["healthy"] and data["lag_seconds"] == 0
+    assert data["held_by_schedule"] == 1 and data["held_by_key"] == 2
+    text = status()
+    assert "lag: 0.0s" in text and "held: 1 scheduled, 2 behind an earlier message of their key" in text
+    claimable = MessageFactory.create(key="k3", available_at=now - dt.timedelta(seconds=120), created_at=ago)
+    data = json.loads(status("--json"))
+    assert 119 <= data["lag_seconds"] < 180, "a due head of its key is lag"
+    assert data["oldest_deliverable_at"] == claimable.available_at.isoformat()
+    with pytest.raises(CommandError, match="lag"):
+        status("--fail-if-lag-over", "60")
+
+
+@pytest.mark.parametrize("ordering, lag", [("block", False), ("skip_dead", True)])
+def test_a_key_behind_a_dead_message_is_lag_only_when_dead_messages_do_not_block(ordering, lag, settings):
+    settings.OUTBOX = {**settings.OUTBOX, "ORDERING": ordering}
+    ago = timezone.now() - dt.timedelta(seconds=600)
+    MessageFactory.create(key="k", status=Message.Status.DEAD, created_at=ago, available_at=ago)
+    MessageFactory.create(key="k", available_at=ago, created_at=ago)
+    data = json.loads(status("--json"))
+    assert (data["lag_seconds"] > 500) is lag
+    assert data["held_by_key"] == (0 if lag else 1)
+
+
+def test_held_by_key_is_counted_within_a_bounded_window():
+    ago = timezone.now() - dt.timedelta(seconds=60)
+    MessageFactory.create(key="k", status=Message.Status.DEAD, created_at=ago, available_at=ago)
+    for _ in range(4):
+        MessageFactory.create(key="k", available_at=ago, created_at=ago)
+    due = Message.objects.filter(status=Message.Status.PENDING, available_at__lte=timezone.now())
+    behind = overview._behind_their_key(Message.objects.all())
+    assert overview._held_by_key(due, behind) == overview.Tally(4, exact=True)
+    assert overview._held_by_key(due, behind, cap=2) == overview.Tally(3, exact=False), "a lower bound past it"

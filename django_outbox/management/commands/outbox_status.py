@@ -77,6 +77,9 @@ class Command(BaseCommand):
         write("messages: " + "  ".join(f"{status} {tally}" for status, tally in figures.counts.items()))
         oldest = f" (since {figures.oldest_deliverable_at:%Y-%m-%d %H:%M:%S})" if figures.oldest_deliverable_at else ""
         write(f"lag: {figures.lag_seconds:.1f}s{oldest}")
+        write(
+            f"held: {figures.held_by_schedule} scheduled, {figures.held_by_key} behind an earlier message of their key"
+        )
         write(f"last hour: {figures.delivered_last_hour} delivered, {figures.failed_last_hour} failed or abandoned")
         if figures.dead_by_topic:
             write("dead per topic:")
