@@ -889,6 +889,8 @@ def cancel(alias: str, message_ids: Iterable[int], *, reason: str) -> ActionResu
             locked_by=None,
             locked_until=None,
         )
+        if allowed:
+            notify_on_commit(alias)  # a cancelled head lets its key's next message go: wake idle workers
     return ActionResult(changed=sorted(allowed), refused=sorted(set(ids) - set(allowed)))
 
 

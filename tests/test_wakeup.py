@@ -215,3 +215,30 @@ def test_listener_reconnects_after_its_connection_is_killed(handler):
     finally:
         relay.stop()
         thread.join(20)
+
+
+def test_a_cancel_notifies_so_the_key_it_unblocks_moves_on_at_once(listen):
+    head = outbox.send("probe.created", {"n": 1}, key="K")
+    Message.objects.filter(pk=head.pk).update(status=Message.Status.DEAD)
+    listen()  # the sends' own notifications
+    store.cancel("default", [head.pk], reason="operator")
+    assert listen() == 1
+    store.cancel("default", [head.pk], reason="again")  # nothing changed: nothing to announce
+    assert listen() == 0
+
+
+def test_a_worker_of_another_topic_delivers_the_message_a_cancel_unblocked_without_polling(handler):
+    delivered = threading.Event()
+    handler("t.first", lambda m: None)
+    handler("t.second", lambda m: delivered.set())
+    head = outbox.send("t.first", {"n": 1}, key="K")
+    Message.objects.filter(pk=head.pk).update(status=Message.Status.DEAD)
+    outbox.send("t.second", {"n": 2}, key="K")  # held behind the dead head (ORDERING "block")
+    relay, thread = _start_idle_worker(poll_interval=60, topics=("t.second",))
+    try:
+        assert not delivered.wait(1)
+        store.cancel("default", [head.pk], reason="operator")
+        assert delivered.wait(10), "only a wake-up explains a delivery within seconds, with a minute's poll"
+    finally:
+        relay.stop()
+        thread.join(20)
