@@ -33,7 +33,7 @@ from . import overview, store
 from .charts import throughput_svg
 from .counting import EstimatingPaginator, distinct_values
 from .models import Message
-from .redaction import Disclosure, can_view_content, log_reveal, protection, protects_topic
+from .redaction import Disclosure, log_reveal, protection, protects_topic
 
 #: One action (or "select all") changes at most this many messages; beyond it, requeue by topic.
 MAX_ACTION_MESSAGES = 100_000
@@ -257,31 +257,27 @@ class MessageAdmin(ContentProtectedAdmin, admin.ModelAdmin):  # type: ignore[typ
         return (queryset, False) if match is None else (queryset.filter(match), False)
 
     def get_changelist_instance(self, request: HttpRequest) -> Any:
-        """The page's messages, each with what this user may see of its error (the list defers payloads,
-        so the few protected rows with an error have theirs loaded in one query to mask it)."""
+        """The page's messages, each with what the list may show of its error.
+
+        The list shows no content to anyone, so it reveals nothing and audits nothing: the errors of
+        protected messages are masked for every user (the full text is on the message's page). Payloads
+        are deferred here, so the few protected rows with an error have theirs loaded in one query.
+        """
         changelist = super().get_changelist_instance(request)
         rows = list(changelist.result_list)
-        allowed = can_view_content(request.user)
-        masked = [m for m in rows if m.last_error and not allowed and protects_topic(m.topic)]
-        content = (
-            {
-                pk: (payload, headers)
-                for pk, payload, headers in Message.objects.using(changelist.queryset.db)
-                .filter(pk__in=[m.pk for m in masked])
-                .values_list("pk", "payload", "headers")
-            }
-            if masked
-            else {}
-        )
+        masked = [m for m in rows if m.last_error and protects_topic(m.topic)]
+        content: dict[int, tuple[Any, Any]] = {}
+        if masked:
+            found = Message.objects.using(changelist.queryset.db).filter(pk__in=[m.pk for m in masked])
+            content = {pk: (payload, headers) for pk, payload, headers in found.values_list("pk", "payload", "headers")}
         for m in rows:
-            if m.pk in content:
-                payload, headers = content[m.pk]
-                m.__dict__.update(payload=payload, headers=headers)
-                setattr(m, _DISCLOSURE, Disclosure.of(m, request.user))
-            else:
-                setattr(
-                    m, _DISCLOSURE, Disclosure(topic=m.topic, payload=None, headers=None, reason=None, allowed=allowed)
-                )
+            payload, headers = content.get(m.pk, (None, None))
+            reason = protection(m.topic, payload, headers) if m.pk in content else None
+            setattr(
+                m,
+                _DISCLOSURE,
+                Disclosure(topic=m.topic, payload=payload, headers=headers, reason=reason, allowed=False),
+            )
         return changelist
 
     # --- list columns ----------------------------------------------------------------------------

@@ -49,9 +49,11 @@ _SECRET_HEADER = re.compile(
 )
 #: Runs of this many word characters or more in hidden content are masked wherever an error repeats them.
 _MIN_WORD = 8
-_WORD = re.compile(rf"[\w.@+=%~-]{{{_MIN_WORD},}}")
-#: Shorter hidden strings are masked when repeated whole, down to this length (Bcc addresses always).
+_WORD = re.compile(rf"[\w.@+%~-]{{{_MIN_WORD},}}")  # not "=": "token=<secret>" is two words
+_EDGES = ".@+%~-_"  # punctuation that ends a sentence or joins a word to its neighbours
+#: Other hidden values are masked when repeated whole, from this length (Bcc addresses always) up to the next.
 _MIN_EXACT = 4
+_MAX_EXACT = 64
 #: How far up the stack the email backend looks for the form that sends password-reset mail.
 _STACK_DEPTH = 60
 
@@ -149,11 +151,18 @@ class Disclosure:
     def shown_error(self, text: str) -> str:
         if self.allowed or self.reason is None or not text:
             return text
-        return mask(text, self._hidden)
+        masked = self._masked.get(text)
+        if masked is None:  # a retried message repeats its error: mask each text once
+            masked = self._masked[text] = mask(text, self._hidden)
+        return masked
 
     @functools.cached_property
-    def _hidden(self) -> tuple[frozenset[str], tuple[str, ...]]:
+    def _hidden(self) -> _Hidden:
         return _index(hidden_strings(self.topic, self.payload, self.headers, self.reason))
+
+    @functools.cached_property
+    def _masked(self) -> dict[str, str]:
+        return {}
 
 
 def email_outline(payload: object) -> dict[str, Any]:
@@ -199,30 +208,62 @@ def hidden_strings(topic: str, payload: object, headers: object, reason: str | N
         found += [str(value) for name, value in _pairs(payload.get("headers")) if is_secret_header(name)]
         for part in (*_dicts(payload.get("alternatives")), *_dicts(payload.get("attachments"))):
             found += [str(part[k]) for k in ("content", "content_b64", "mime_b64") if k in part]
-        if payload.get("view_id"):
-            found.append(str(payload["view_id"]))
     elif reason == SENSITIVE_TOPIC:
         found += list(_leaves(payload))
     return found
 
 
-def _index(strings: Iterable[str]) -> tuple[frozenset[str], tuple[str, ...]]:
+@dataclass(frozen=True)
+class _Hidden:
+    words: frozenset[str]  # runs of _MIN_WORD+ word characters found in the hidden content
+    whole: frozenset[str]  # short hidden values that are not one such run (a PIN, "a@b.io", "4 Elm St")
+    lengths: tuple[int, ...]  # of the ``whole`` values, longest first
+    starts: frozenset[str]  # their first two characters: most positions of a text are ruled out at once
+
+
+def _index(strings: Iterable[str]) -> _Hidden:
     words: set[str] = set()
     whole: set[str] = set()
     for text in strings:
-        words.update(_WORD.findall(text))
-        if len(text) >= _MIN_EXACT or "@" in text:
+        for word in _WORD.findall(text):
+            words.update((word, word.strip(_EDGES)))
+        short_enough = (len(text) >= _MIN_EXACT or "@" in text) and len(text) <= _MAX_EXACT
+        if short_enough and _WORD.fullmatch(text) is None:
             whole.add(text)
-    return frozenset(words), tuple(sorted(whole, key=len, reverse=True))
+    lengths = tuple(sorted({len(t) for t in whole}, reverse=True))
+    return _Hidden(frozenset(words), frozenset(whole), lengths, frozenset(t[:2] for t in whole))
 
 
-def mask(text: str, hidden: tuple[frozenset[str], tuple[str, ...]]) -> str:
-    """``text`` with every hidden string it repeats, whole or as a long enough word, replaced by MASK."""
-    words, whole = hidden
-    for secret in whole:
-        if secret in text:
-            text = text.replace(secret, MASK)
-    return _WORD.sub(lambda m: MASK if m.group(0) in words else m.group(0), text)
+def mask(text: str, hidden: _Hidden) -> str:
+    """``text`` with every hidden string it repeats, whole or as a long enough word, replaced by MASK.
+
+    Whole values are looked up at each token start for each length they come in (at most _MAX_EXACT
+    lookups per position), so the cost does not grow with the number of hidden values.
+    """
+    if hidden.whole:
+        out: list[str] = []
+        i, n = 0, len(text)
+        while i < n:
+            if text[i : i + 2] in hidden.starts and (i == 0 or not (text[i - 1].isalnum() and text[i].isalnum())):
+                found = next((length for length in hidden.lengths if text[i : i + length] in hidden.whole), 0)
+                if found:
+                    out.append(MASK)
+                    i += found
+                    continue
+            out.append(text[i])
+            i += 1
+        text = "".join(out)
+    if not hidden.words:
+        return text
+
+    def word(match: re.Match[str]) -> str:
+        found = match.group(0)
+        if found in hidden.words:
+            return MASK
+        core = found.strip(_EDGES)  # "4242424242424242." at the end of a sentence
+        return found.replace(core, MASK, 1) if core and core in hidden.words else found
+
+    return _WORD.sub(word, text)
 
 
 def _leaves(value: object) -> Iterator[str]:

@@ -285,6 +285,11 @@ def test_an_smtp_refusal_of_a_bcc_address_does_not_show_it(outbox_mail):
     ):
         page = html_of(helpdesk, url)
         assert BCC not in page and "550 no such user" in page, url
+    # The list masks it for everyone (it audits nothing); the message's page shows it to the permission.
+    reader = staff("auditor", *VIEW_ONLY, "view_message_content")
+    page = html_of(reader, reverse("admin:django_outbox_message_changelist"))
+    assert BCC not in page and "550 no such user" in page
+    assert BCC in html_of(reader, reverse("admin:django_outbox_message_change", args=[invoice.pk]))
 
 
 # --- the archive -------------------------------------------------------------------------------------------
@@ -371,3 +376,19 @@ def test_a_field_shown_without_the_admin_deciding_hides_content():
     assert CARD not in message_admin.error_excerpt(payment)
     email = MessageFactory.create(topic=EMAIL_TOPIC, payload={"body": BODY_SECRET, "bcc": [BCC], "to": ["a@b.c"]})
     assert BODY_SECRET not in message_admin.payload_display(email) and BCC not in message_admin.payload_display(email)
+
+
+@override_settings(OUTBOX={"SENSITIVE_TOPICS": ["payments.*"]})
+def test_masking_survives_hostile_payloads():
+    """Deep nesting, a megabyte of values and short values: masked without recursion, in one pass each."""
+    from django_outbox.redaction import MASK, SENSITIVE_TOPIC, Disclosure
+
+    deep: Any = {"pin": "4921"}
+    for _ in range(50_000):
+        deep = [deep]
+    many = {"values": [f"v-{i:07d}-x" for i in range(100_000)], "deep": deep, "address": "4 Elm St", "n": 2**63}
+    shown = Disclosure(topic="payments.x", payload=many, headers={}, reason=SENSITIVE_TOPIC, allowed=False)
+    error = "pin 4921 at 4 Elm St refused v-0099999-x; card 149210 n=9223372036854775808 " + "\u0000\ud800" * 3
+    masked = shown.shown_error(error + "v-0000001-x.")
+    assert masked == f"pin {MASK} at {MASK} refused {MASK}; card 149210 n={MASK} " + "\u0000\ud800" * 3 + f"{MASK}."
+    assert shown.shown_payload() != many and "4921" not in str(shown.shown_payload())
