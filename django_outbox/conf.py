@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import datetime as dt
 import functools
+import reprlib
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
@@ -196,7 +197,8 @@ def _parse(raw: object) -> tuple[OutboxSettings, list[Problem]]:
             problems.append(
                 Problem(
                     "django_outbox.E003",
-                    f"OUTBOX['SENSITIVE_TOPICS'] must be a list of non-empty topic patterns, not {patterns!r}.",
+                    "OUTBOX['SENSITIVE_TOPICS'] must be a list of non-empty topic patterns, "
+                    f"not {reprlib.repr(patterns)}.",
                     'Example: ["payments.*", "users.password_changed"]. Remove the key to protect emails only.',
                 )
             )

@@ -392,3 +392,21 @@ def test_masking_survives_hostile_payloads():
     masked = shown.shown_error(error + "v-0000001-x.")
     assert masked == f"pin {MASK} at {MASK} refused {MASK}; card 149210 n={MASK} " + "\u0000\ud800" * 3 + f"{MASK}."
     assert shown.shown_payload() != many and "4921" not in str(shown.shown_payload())
+
+
+def test_the_content_permission_alone_opens_nothing(outbox_mail, superuser, caplog):
+    """Content is an addition to a view permission, never a way in by itself."""
+    caplog.set_level(logging.INFO, logger=AUDIT_LOGGER)
+    reset, _token = reset_email(superuser)
+    content_only = staff("content-only", "view_message_content")
+    for url in (
+        *pages(reset).values(),
+        reverse("admin:django_outbox_outboxemail_preview", args=[reset.pk]),
+        reverse("admin:django_outbox_archivedmessage_changelist"),
+    ):
+        assert content_only.get(url).status_code == 403, url
+    messages_only = staff("messages-only", "view_message", "view_message_content")
+    assert messages_only.get(pages(reset)["email log"]).status_code == 403
+    assert messages_only.get(reverse("admin:django_outbox_outboxemail_preview", args=[reset.pk])).status_code == 403
+    assert messages_only.get(reverse("admin:django_outbox_archivedmessage_changelist")).status_code == 403
+    assert [r.view for r in audit_records(caplog)] == []
