@@ -56,6 +56,7 @@ _MIN_EXACT = 4
 _MAX_EXACT = 64
 #: How far up the stack the email backend looks for the form that sends password-reset mail.
 _STACK_DEPTH = 60
+_RESET_FORM_METHODS = frozenset({"send_mail", "save"})
 
 
 def can_view_content(user: Any) -> bool:
@@ -102,7 +103,8 @@ def sent_by_password_reset_form() -> bool:
     for _ in range(_STACK_DEPTH):
         if frame is None:
             return False
-        if isinstance(frame.f_locals.get("self"), PasswordResetForm):
+        # The name first: only the frames of the form's own two methods have their locals read.
+        if frame.f_code.co_name in _RESET_FORM_METHODS and isinstance(frame.f_locals.get("self"), PasswordResetForm):
             return True
         frame = frame.f_back  # type: ignore[assignment]
     return False

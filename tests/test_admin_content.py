@@ -410,3 +410,19 @@ def test_the_content_permission_alone_opens_nothing(outbox_mail, superuser, capl
     assert messages_only.get(reverse("admin:django_outbox_outboxemail_preview", args=[reset.pk])).status_code == 403
     assert messages_only.get(reverse("admin:django_outbox_archivedmessage_changelist")).status_code == 403
     assert [r.view for r in audit_records(caplog)] == []
+
+
+class OwnMailResetForm(PasswordResetForm):
+    """A form that writes its email itself instead of through Django's send_mail()."""
+
+    def send_mail(self, subject_template_name, email_template_name, context, from_email, to_email, **kwargs):
+        link = f"/accounts/reset/{context['uid']}/{context['token']}/"
+        mail.send_mail("Your sign-in link", link, from_email, [to_email], html_message=f"<a href='{link}'>go</a>")
+
+
+def test_a_form_that_sends_its_own_reset_mail_is_recognised_too(outbox_mail, superuser):
+    form = OwnMailResetForm({"email": superuser.email})
+    assert form.is_valid()
+    form.save(domain_override="testserver")
+    stored = OutboxEmail.objects.get()
+    assert stored.payload["protected"] == PASSWORD_RESET and stored.payload["view_id"] is None
