@@ -33,6 +33,7 @@ from . import overview, store
 from .charts import throughput_svg
 from .counting import EstimatingPaginator, distinct_values
 from .models import Message
+from .redaction import Disclosure, log_reveal, protection, protects_topic
 
 #: One action (or "select all") changes at most this many messages; beyond it, requeue by topic.
 MAX_ACTION_MESSAGES = 100_000
@@ -73,9 +74,71 @@ def exact_match(search_term: str) -> Q | None:
     return match
 
 
+def error_block(text: str) -> SafeString | str:
+    return format_html('<pre class="outbox-error">{}</pre>', text) if text else "-"
+
+
 def pretty_json(value: object) -> SafeString:
     text = json.dumps(value, indent=2, ensure_ascii=False, sort_keys=True, cls=DjangoJSONEncoder)
     return format_html('<pre class="outbox-json">{}</pre>', text)
+
+
+#: Fields no list may be filtered on from the URL (``?payload__body__contains=...``): one request per
+#: guessed character would read what the page hides. Django allows any lookup on a model's own fields.
+CONTENT_LOOKUPS = frozenset({"payload", "headers", "last_error", "error", "attempt_log"})
+_DISCLOSURE = "_outbox_disclosure"
+
+
+def disclosure(obj: Any) -> Disclosure:
+    """What the current request may see of ``obj``; as for a view-only user unless the admin said otherwise."""
+    found = getattr(obj, _DISCLOSURE, None)
+    if isinstance(found, Disclosure):
+        return found
+    return Disclosure(
+        topic=obj.topic,
+        payload=obj.payload,
+        headers=obj.headers,
+        reason=protection(obj.topic, obj.payload, obj.headers),
+        allowed=False,
+    )
+
+
+class ContentProtectedAdmin:
+    """The part of a message admin that decides, per request, what of a message's content it shows.
+
+    Each object the page shows carries a ``Disclosure`` for the user who asked; fields read it and fail
+    closed when it is missing. Showing protected content writes one audit record per page.
+    """
+
+    #: The page name in audit records.
+    audit_view = "message"
+
+    def lookup_allowed(self, lookup: str, value: str, request: HttpRequest | None = None) -> bool:
+        if lookup.split("__", 1)[0] in CONTENT_LOOKUPS:
+            return False
+        return bool(super().lookup_allowed(lookup, value, request))  # type: ignore[misc]
+
+    def get_object(self, request: HttpRequest, object_id: str, from_field: str | None = None) -> Any:
+        obj = super().get_object(request, object_id, from_field)  # type: ignore[misc]
+        if obj is not None:
+            setattr(obj, _DISCLOSURE, Disclosure.of(obj, request.user))
+        return obj
+
+    def render_change_form(
+        self,
+        request: HttpRequest,
+        context: dict[str, Any],
+        add: bool = False,
+        change: bool = False,
+        form_url: str = "",
+        obj: Any = None,
+    ) -> HttpResponse:
+        response: HttpResponse = super().render_change_form(  # type: ignore[misc]
+            request, context, add=add, change=change, form_url=form_url, obj=obj
+        )
+        if obj is not None and disclosure(obj).reveals:
+            log_reveal(request, obj, disclosure(obj), view=self.audit_view)
+        return response
 
 
 class TopicFilter(admin.SimpleListFilter):
@@ -114,7 +177,7 @@ class RequeueForm(RetryForm):
 
 
 @admin.register(Message)
-class MessageAdmin(admin.ModelAdmin):  # type: ignore[type-arg]  # generic only in the stubs
+class MessageAdmin(ContentProtectedAdmin, admin.ModelAdmin):  # type: ignore[type-arg]  # generic only in the stubs
     list_display = [
         "id",
         "topic",
@@ -193,6 +256,30 @@ class MessageAdmin(admin.ModelAdmin):  # type: ignore[type-arg]  # generic only 
         match = exact_match(search_term)
         return (queryset, False) if match is None else (queryset.filter(match), False)
 
+    def get_changelist_instance(self, request: HttpRequest) -> Any:
+        """The page's messages, each with what the list may show of its error.
+
+        The list shows no content to anyone, so it reveals nothing and audits nothing: the errors of
+        protected messages are masked for every user (the full text is on the message's page). Payloads
+        are deferred here, so the few protected rows with an error have theirs loaded in one query.
+        """
+        changelist = super().get_changelist_instance(request)
+        rows = list(changelist.result_list)
+        masked = [m for m in rows if m.last_error and protects_topic(m.topic)]
+        content: dict[int, tuple[Any, Any]] = {}
+        if masked:
+            found = Message.objects.using(changelist.queryset.db).filter(pk__in=[m.pk for m in masked])
+            content = {pk: (payload, headers) for pk, payload, headers in found.values_list("pk", "payload", "headers")}
+        for m in rows:
+            payload, headers = content.get(m.pk, (None, None))
+            reason = protection(m.topic, payload, headers) if m.pk in content else None
+            setattr(
+                m,
+                _DISCLOSURE,
+                Disclosure(topic=m.topic, payload=payload, headers=headers, reason=reason, allowed=False),
+            )
+        return changelist
+
     # --- list columns ----------------------------------------------------------------------------
 
     @admin.display(description=_("status"), ordering="status")
@@ -205,22 +292,25 @@ class MessageAdmin(admin.ModelAdmin):  # type: ignore[type-arg]  # generic only 
 
     @admin.display(description=_("last error"))
     def error_excerpt(self, obj: Message) -> str:
-        lines = [line for line in obj.last_error.strip().splitlines() if line.strip()]
+        error = obj.last_error
+        if error and not isinstance(getattr(obj, _DISCLOSURE, None), Disclosure) and protects_topic(obj.topic):
+            return gettext("(open the message)")  # shown outside the list page: nothing here to mask it with
+        lines = [line for line in disclosure(obj).shown_error(error).strip().splitlines() if line.strip()]
         return Truncator(lines[-1] if lines else "").chars(ERROR_EXCERPT_CHARS)
 
     # --- detail ----------------------------------------------------------------------------------
 
     @admin.display(description=_("payload"))
     def payload_display(self, obj: Message) -> SafeString:
-        return pretty_json(obj.payload)
+        return pretty_json(disclosure(obj).shown_payload())
 
     @admin.display(description=_("headers"))
     def headers_display(self, obj: Message) -> SafeString:
-        return pretty_json(obj.headers)
+        return pretty_json(disclosure(obj).shown_headers())
 
     @admin.display(description=_("last error"))
     def last_error_display(self, obj: Message) -> SafeString | str:
-        return format_html('<pre class="outbox-error">{}</pre>', obj.last_error) if obj.last_error else "-"
+        return error_block(disclosure(obj).shown_error(obj.last_error))
 
     def change_view(
         self, request: HttpRequest, object_id: str, form_url: str = "", extra_context: dict[str, Any] | None = None
@@ -237,8 +327,11 @@ class MessageAdmin(admin.ModelAdmin):  # type: ignore[type-arg]  # generic only 
                     .only("id", "topic", "status", "created_at", "delivered_at")
                     .order_by("-id")[:RELATED_SHOWN]
                 )
+            attempts = list(obj.attempt_log.all()[:ATTEMPTS_SHOWN])
+            for attempt in attempts:  # display copies: the admin never saves them
+                attempt.error = disclosure(obj).shown_error(attempt.error)
             context.update(
-                attempts=list(obj.attempt_log.all()[:ATTEMPTS_SHOWN]),
+                attempts=attempts,
                 related=related,
                 actionable=obj.status in (Message.Status.PENDING, Message.Status.DEAD),
                 can_retry=self.has_retry_permission(request),

@@ -1,4 +1,8 @@
-"""The archive in the admin: finished messages kept for audit, read-only, with their attempts."""
+"""The archive in the admin: finished messages kept for audit, read-only, with their attempts.
+
+Content is protected here as in the message admin (``django_outbox.redaction``): an archived email
+keeps its reset link for the whole retention period.
+"""
 
 from __future__ import annotations
 
@@ -10,7 +14,7 @@ from django.http import HttpRequest
 from django.utils.safestring import SafeString
 from django.utils.translation import gettext_lazy as _
 
-from .admin import exact_match, pretty_json, status_badge
+from .admin import ContentProtectedAdmin, disclosure, error_block, exact_match, pretty_json, status_badge
 from .archive_models import ArchivedAttempt, ArchivedMessage
 from .counting import EstimatingPaginator
 
@@ -28,14 +32,23 @@ class ReadOnly:
 
 class ArchivedAttemptInline(ReadOnly, admin.TabularInline):  # type: ignore[type-arg]
     model = ArchivedAttempt
-    fields = ("number", "outcome", "started_at", "finished_at", "worker", "error")
+    fields = ("number", "outcome", "started_at", "finished_at", "worker", "error_display")
     readonly_fields = fields
     extra = 0
     can_delete = False
+    #: The archived message whose page this inline is on, with its disclosure (inlines are made per request).
+    parent: ArchivedMessage | None = None
+
+    @admin.display(description=_("error"))
+    def error_display(self, obj: ArchivedAttempt) -> str:
+        if self.parent is None:
+            return "-" if not obj.error else str(_("(open the message)"))
+        return disclosure(self.parent).shown_error(obj.error)
 
 
 @admin.register(ArchivedMessage)
-class ArchivedMessageAdmin(ReadOnly, admin.ModelAdmin):  # type: ignore[type-arg]
+class ArchivedMessageAdmin(ContentProtectedAdmin, ReadOnly, admin.ModelAdmin):  # type: ignore[type-arg]
+    audit_view = "archive"
     list_display = ("id", "topic", "key", "status_display", "attempts", "created_at", "delivered_at", "archived_at")
     list_filter = ("status",)
     search_fields = ("uuid", "idempotency_key", "key", "topic")
@@ -59,7 +72,7 @@ class ArchivedMessageAdmin(ReadOnly, admin.ModelAdmin):  # type: ignore[type-arg
         "archived_at",
         "payload_display",
         "headers_display",
-        "last_error",
+        "last_error_display",
     )
     readonly_fields = fields
 
@@ -77,10 +90,21 @@ class ArchivedMessageAdmin(ReadOnly, admin.ModelAdmin):  # type: ignore[type-arg
     def status_display(self, obj: ArchivedMessage) -> SafeString:
         return status_badge(obj.status)
 
+    def get_inline_instances(self, request: HttpRequest, obj: Any = None) -> list[Any]:
+        inlines = super().get_inline_instances(request, obj)
+        for inline in inlines:
+            if isinstance(inline, ArchivedAttemptInline):
+                inline.parent = obj
+        return inlines
+
     @admin.display(description=_("payload"))
     def payload_display(self, obj: ArchivedMessage) -> SafeString:
-        return pretty_json(obj.payload)
+        return pretty_json(disclosure(obj).shown_payload())
 
     @admin.display(description=_("headers"))
     def headers_display(self, obj: ArchivedMessage) -> SafeString:
-        return pretty_json(obj.headers)
+        return pretty_json(disclosure(obj).shown_headers())
+
+    @admin.display(description=_("last error"))
+    def last_error_display(self, obj: ArchivedMessage) -> SafeString | str:
+        return error_block(disclosure(obj).shown_error(obj.last_error))

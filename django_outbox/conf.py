@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import datetime as dt
 import functools
+import reprlib
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
@@ -78,6 +79,9 @@ class OutboxSettings:
     ARCHIVE_AFTER: dt.timedelta = dt.timedelta(hours=1)
     #: How often one worker runs housekeeping; 0 leaves it to ``manage.py outbox_housekeeping`` (cron).
     HOUSEKEEPING_INTERVAL_SECONDS: float = 60.0
+    #: Topic patterns (as in ROUTES) whose payloads the admin shows only with the content permission;
+    #: emails are content-protected whatever this says.
+    SENSITIVE_TOPICS: tuple[str, ...] = ()
 
 
 @dataclass(frozen=True, slots=True)
@@ -185,6 +189,19 @@ def _parse(raw: object) -> tuple[OutboxSettings, list[Problem]]:
                         "Fix the value or remove the key to use the default.",
                     )
                 )
+    if "SENSITIVE_TOPICS" in raw:
+        patterns = raw["SENSITIVE_TOPICS"]
+        if isinstance(patterns, list | tuple) and all(isinstance(p, str) and p for p in patterns):
+            values["SENSITIVE_TOPICS"] = tuple(patterns)
+        else:
+            problems.append(
+                Problem(
+                    "django_outbox.E003",
+                    "OUTBOX['SENSITIVE_TOPICS'] must be a list of non-empty topic patterns, "
+                    f"not {reprlib.repr(patterns)}.",
+                    'Example: ["payments.*", "users.password_changed"]. Remove the key to protect emails only.',
+                )
+            )
     if "DATABASE" in values and values["DATABASE"] not in django_settings.DATABASES:
         problems.append(
             Problem(

@@ -65,6 +65,8 @@ class Message(models.Model):
         permissions = [
             ("retry_message", _("Can retry outbox messages")),
             ("cancel_message", _("Can cancel outbox messages")),
+            # Payloads of sensitive topics, email bodies, HTML, attachments, Bcc, secret headers (docs/admin.md).
+            ("view_message_content", _("Can view the content of outbox messages")),
         ]
         # Every index is one more entry to write per send() and per status change, so the hot table keeps
         # only those a query needs (docs/performance.md measures what that buys).

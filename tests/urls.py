@@ -1,6 +1,6 @@
 """The demo's URLs plus the probe views that tests drive over HTTP."""
 
-from django.urls import path
+from django.urls import include, path
 from django.views.decorators.csrf import csrf_exempt
 
 from testproject.urls import urlpatterns as demo_urlpatterns
@@ -9,6 +9,8 @@ from .probe import views
 
 urlpatterns = [
     *demo_urlpatterns,
+    # Django's own password reset views: the admin tests ask for a reset as an attacker would.
+    path("accounts/", include("django.contrib.auth.urls")),
     path("probe/orders/", views.create_order),
     path("probe/orders-optional/", views.create_order_optional),
     path("probe/orders-cbv/", csrf_exempt(views.OrderCreateView.as_view())),

@@ -3,6 +3,10 @@
 The preview is a staff-only page shown in an ``<iframe sandbox>`` (no ``allow-scripts``, no
 ``allow-same-origin``) and served with a CSP ``sandbox`` that also blocks remote images, so looking at
 an email neither runs its code nor fires its tracking pixels.
+
+``view_outboxemail`` shows who got which email and what became of it; the body, HTML, Bcc, the preview
+and the view-in-browser link (which opens the HTML for anyone) need ``view_message_content``, and each
+page that shows them is audited (``django_outbox.redaction``).
 """
 
 from __future__ import annotations
@@ -17,6 +21,8 @@ from django.urls import NoReverseMatch, URLPattern, path, reverse
 from django.utils.html import format_html, format_html_join
 from django.utils.safestring import SafeString
 
+from ..admin import ContentProtectedAdmin, disclosure, error_block
+from ..redaction import HIDDEN, Disclosure, email_recipients, log_reveal
 from .links import view_url
 from .models import OutboxEmail
 from .views import PREVIEW_POLICY, html_response
@@ -28,7 +34,8 @@ else:  # ModelAdmin is generic only in the type stubs
 
 
 @admin.register(OutboxEmail)
-class EmailLogAdmin(_ModelAdmin):
+class EmailLogAdmin(ContentProtectedAdmin, _ModelAdmin):
+    audit_view = "email"
     list_display = ("created_at", "subject", "recipient_list", "status", "attempts")
     list_filter = ("status",)
     date_hierarchy = "created_at"
@@ -36,13 +43,14 @@ class EmailLogAdmin(_ModelAdmin):
         "subject",
         "sender",
         "recipient_list",
+        "bcc",
         "status",
         "attempts",
         "max_attempts",
         "created_at",
         "delivered_at",
         "available_at",
-        "last_error",
+        "last_error_display",
         "uuid",
         "browser_link",
         "preview",
@@ -68,10 +76,23 @@ class EmailLogAdmin(_ModelAdmin):
 
     @admin.display(description="recipients")
     def recipient_list(self, obj: OutboxEmail) -> str:
-        return ", ".join(obj.recipients)
+        return ", ".join(email_recipients(obj.email, bcc=False))  # Bcc only on the email's page, with the permission
+
+    @admin.display(description="bcc")
+    def bcc(self, obj: OutboxEmail) -> str:
+        addresses = [str(a) for a in obj.email.get("bcc") or []]
+        if not addresses:
+            return "-"
+        return ", ".join(addresses) if disclosure(obj).allowed else f"{len(addresses)} {HIDDEN}"
+
+    @admin.display(description="last error")
+    def last_error_display(self, obj: OutboxEmail) -> SafeString | str:
+        return error_block(disclosure(obj).shown_error(obj.last_error))
 
     @admin.display(description="view in browser")
     def browser_link(self, obj: OutboxEmail) -> SafeString | str:
+        if not disclosure(obj).allowed:
+            return HIDDEN  # the link opens the email's HTML for whoever holds it
         view_id = obj.email.get("view_id")
         if not view_id:
             return "-"
@@ -83,12 +104,14 @@ class EmailLogAdmin(_ModelAdmin):
 
     @admin.display(description="preview")
     def preview(self, obj: OutboxEmail) -> SafeString:
-        url = reverse(f"{self.admin_site.name}:django_outbox_outboxemail_preview", args=[obj.pk])
         attachments = format_html_join(
             ", ",
             "{} ({})",
             ((a.get("filename") or "-", a.get("mimetype", "MIME part")) for a in obj.email.get("attachments", [])),
         )
+        if not disclosure(obj).allowed:
+            return format_html("<p>{}</p><p>attachments: {}</p>", HIDDEN, attachments or "none")
+        url = reverse(f"{self.admin_site.name}:django_outbox_outboxemail_preview", args=[obj.pk])
         return format_html(
             '<iframe sandbox src="{}" title="email preview" referrerpolicy="no-referrer" '
             'style="width:100%;min-width:40em;height:32em;border:1px solid #ccc;background:#fff"></iframe>'
@@ -109,6 +132,10 @@ class EmailLogAdmin(_ModelAdmin):
         if not self.has_view_permission(request):
             raise PermissionDenied
         obj = get_object_or_404(self.get_queryset(request), pk=object_id)
+        shown = Disclosure.of(obj, request.user)
+        if not shown.allowed:
+            raise PermissionDenied  # the preview is nothing but content
+        log_reveal(request, obj, shown, view="email_preview")
         html = obj.html
         if html is None:
             html = format_html('<pre style="white-space:pre-wrap">{}</pre>', obj.email.get("body", ""))

@@ -18,6 +18,7 @@ from django.db import transaction
 
 from ..api import outbox
 from ..conf import EMAIL_TOPIC, get_settings
+from ..redaction import PASSWORD_RESET, sent_by_password_reset_form
 from .links import IDEMPOTENCY_PREFIX, find_view_id, new_view_id
 from .payload import header, html_of, to_payload
 
@@ -53,8 +54,13 @@ class EmailBackend(BaseEmailBackend):
     def _write(self, message: EmailMessage) -> None:
         view_id = None
         payload = to_payload(message, view_id=None)
+        # A reset link is a login: the admin shows it only with the content permission (as every email
+        # body), and it gets no view-in-browser page, which anyone holding the link could open.
+        password_reset = sent_by_password_reset_form()
+        if password_reset:
+            payload["protected"] = PASSWORD_RESET
         html = html_of(payload)
-        if html is not None:
+        if html is not None and not password_reset:
             view_id = find_view_id(html) or new_view_id()
             payload["view_id"] = view_id
         key = None if view_id is None else IDEMPOTENCY_PREFIX + view_id
