@@ -11,6 +11,10 @@ Two transactions per first request: a short one that commits the claim (so a con
 it and gets 409), then one around the view that stores the response. A crash between them leaves
 only the claim, which lapses after ``lock_timeout``; nothing of the view was committed, so the retry
 that takes it over runs the view as if for the first time.
+
+The body is fingerprinted before the view runs, read in chunks into a spooled file that the view
+then reads as usual; forms are fingerprinted by their parsed fields and file contents, so a retry
+with a new multipart boundary matches and a different file never does (see ``_body_digest``).
 """
 
 from __future__ import annotations
