@@ -284,9 +284,12 @@ def _parse_for_digest(request: HttpRequest, stream: Any, size: int) -> str | Non
     declared = _declared_length(request)
     if declared <= 0 or declared != size:
         return None
+    handler = _DigestingUploadHandler()
     try:
-        post, files = MultiPartParser(request.META, stream, [_DigestingUploadHandler()], request.encoding).parse()
+        post, files = MultiPartParser(request.META, stream, [handler], request.encoding).parse()
     except (MultiPartParserError, SuspiciousOperation, ValueError):
+        return None
+    if handler.interrupted:  # a file without its closing boundary: Django drops it, the bytes still count
         return None
     return _form_digest(post, files, lambda upload: upload.digest if isinstance(upload, _DigestedUpload) else b"")
 
@@ -354,6 +357,10 @@ class _DigestingUploadHandler(FileUploadHandler):
     """Hashes each file as Django's parser streams it, and keeps nothing else of it."""
 
     _hash: Any = None
+    interrupted = False
+
+    def upload_interrupted(self) -> None:
+        self.interrupted = True
 
     def new_file(self, *args: Any, **kwargs: Any) -> None:
         super().new_file(*args, **kwargs)

@@ -193,6 +193,18 @@ def test_every_part_of_the_form_the_view_sees_is_in_the_fingerprint(csrf, route,
     assert csrf.post(route.idempotent, other, other_type, key="part-1").status_code == 422
 
 
+def test_a_file_without_its_closing_boundary_still_counts_when_the_body_is_unread(csrf):
+    """Django drops such a file from the form; the fingerprint falls back to the bytes, which differ."""
+    first_content, second_content = two_files(10_000)
+    body, content_type = multipart(files=[("file", "a.bin", first_content)])
+    cut = body[: -len(b"--\r\n") - 40]  # well inside the file's content: no closing boundary
+    first = created(csrf.post("/probe/upload-exempt/", cut, content_type, key="open-1"))
+    assert first["seen"]["files"] == {}
+    other = body.replace(first_content, second_content)[: len(cut)]
+    assert csrf.post("/probe/upload-exempt/", other, content_type, key="open-1").status_code == 422
+    replayed(csrf.post("/probe/upload-exempt/", cut, content_type, key="open-1"), first)
+
+
 def test_the_order_of_a_fields_values_is_in_the_fingerprint(csrf, route):
     body, content_type = multipart([("tag", "a"), ("tag", "b")])
     first = created(csrf.post(route.idempotent, body, content_type, key="order-1"))
