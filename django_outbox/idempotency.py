@@ -239,9 +239,7 @@ def _body_digest(request: HttpRequest, cleanup: ExitStack) -> str:
         stream.seek(start)
     else:
         spool = cleanup.enter_context(
-            tempfile.SpooledTemporaryFile(
-                max_size=settings.FILE_UPLOAD_MAX_MEMORY_SIZE, dir=settings.FILE_UPLOAD_TEMP_DIR
-            )
+            tempfile.SpooledTemporaryFile(max_size=_spool_in_memory(), dir=settings.FILE_UPLOAD_TEMP_DIR)
         )
         while chunk := _read(stream):
             digest.update(chunk)
@@ -258,6 +256,11 @@ def _body_digest(request: HttpRequest, cleanup: ExitStack) -> str:
         if form is not None:
             return form
     return digest.hexdigest()
+
+
+def _spool_in_memory() -> int:
+    """``FILE_UPLOAD_MAX_MEMORY_SIZE`` for the spool: 0 means "always on disk" to Django but "never" to the spool."""
+    return max(1, int(settings.FILE_UPLOAD_MAX_MEMORY_SIZE or 0))
 
 
 def _read(stream: Any) -> bytes:

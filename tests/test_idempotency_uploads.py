@@ -437,12 +437,18 @@ def _write_file(path: Path, size: int) -> str:
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("data_upload_max", [TWO_AND_A_HALF_MB, None], ids=["default-limit", "no-limit"])
-def test_a_20_mb_upload_is_fingerprinted_without_holding_it_in_memory(http, route, tmp_path, data_upload_max):
+@pytest.mark.parametrize(
+    ("data_upload_max", "file_upload_max"),
+    [(TWO_AND_A_HALF_MB, 256 * 1024), (None, 256 * 1024), (TWO_AND_A_HALF_MB, 0)],
+    ids=["default-limit", "no-limit", "files-always-on-disk"],
+)
+def test_a_20_mb_upload_is_fingerprinted_without_holding_it_in_memory(
+    http, route, tmp_path, data_upload_max, file_upload_max
+):
     client, headers = http
     path = tmp_path / "big.bin"
     digest = _write_file(path, 20 * MB)
-    with override_settings(FILE_UPLOAD_MAX_MEMORY_SIZE=256 * 1024, DATA_UPLOAD_MAX_MEMORY_SIZE=data_upload_max):
+    with override_settings(FILE_UPLOAD_MAX_MEMORY_SIZE=file_upload_max, DATA_UPLOAD_MAX_MEMORY_SIZE=data_upload_max):
         tracemalloc.start()
         try:
             with path.open("rb") as upload:  # httpx streams a file object: the client holds no copy
