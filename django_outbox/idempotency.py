@@ -26,6 +26,7 @@ import io
 import json
 import logging
 import math
+import operator
 import tempfile
 from collections.abc import Callable, Iterable
 from contextlib import ExitStack
@@ -294,7 +295,7 @@ def _parse_for_digest(request: HttpRequest, stream: Any, size: int) -> str | Non
         return None
     if handler.interrupted:  # a file without its closing boundary: Django drops it, the bytes still count
         return None
-    return _form_digest(post, files, lambda upload: upload.digest if isinstance(upload, _DigestedUpload) else b"")
+    return _form_digest(post, files, operator.attrgetter("digest"))  # every file is a _DigestedUpload
 
 
 def _parsed_form_digest(request: HttpRequest) -> str:
