@@ -17,4 +17,10 @@ urlpatterns = [
     path("probe/orders-cbv-decorated/", csrf_exempt(views.DecoratedOrderCreateView.as_view())),
     path("probe/stream/", views.stream),
     path("probe/claim-visible/", views.claim_visible),
+    path("probe/csrf/", views.csrf_token),
+    path("probe/upload/", views.upload),
+    path("probe/upload-plain/", views.upload_plain),
+    path("probe/upload-exempt/", views.upload_exempt),
+    path("probe/upload-plain-exempt/", views.upload_plain_exempt),
+    path("probe/upload-to-disk/", views.upload_to_disk),
 ]

@@ -5,14 +5,18 @@ Body keys (all optional): ``gate`` block inside the view until the test sets ``G
 started by a test) the view writes that file once its writes are done and then hangs, to be killed.
 """
 
+import hashlib
 import json
 import os
 import threading
 import time
 from pathlib import Path
 
+from django.core.files.uploadedfile import TemporaryUploadedFile
+from django.core.files.uploadhandler import TemporaryFileUploadHandler
 from django.db import connections
 from django.http import HttpRequest, HttpResponse, JsonResponse, StreamingHttpResponse
+from django.middleware.csrf import get_token
 from django.utils.decorators import method_decorator
 from django.views import View
 from django.views.decorators.csrf import csrf_exempt
@@ -107,3 +111,54 @@ class OrderCreateView(IdempotentMixin, View):
 class DecoratedOrderCreateView(View):
     def post(self, request: HttpRequest) -> HttpResponse:
         return _create(request)
+
+
+def _describe_body(request: HttpRequest) -> dict[str, object]:
+    """Everything an upload view can see of its body: the form (files by content digest) or the raw bytes."""
+    if request.content_type in ("multipart/form-data", "application/x-www-form-urlencoded"):
+        files: dict[str, list[dict[str, object]]] = {}
+        for field, uploads in request.FILES.lists():
+            files[field] = []
+            for upload in uploads:
+                digest = hashlib.sha256()
+                for chunk in upload.chunks():
+                    digest.update(chunk)
+                files[field].append(
+                    {
+                        "name": upload.name,
+                        "size": upload.size,
+                        "content_type": upload.content_type,
+                        "sha256": digest.hexdigest(),
+                        "on_disk": isinstance(upload, TemporaryUploadedFile),
+                    }
+                )
+        fields = {k: v for k, v in request.POST.lists() if k != "csrfmiddlewaretoken"}
+        return {"fields": fields, "files": files}
+    return {"body_sha256": hashlib.sha256(request.body).hexdigest()}
+
+
+def _upload(request: HttpRequest) -> HttpResponse:
+    seen = _describe_body(request)
+    order = Order.objects.create(customer_email="upload@example.com", item="upload")
+    return JsonResponse({"order_id": order.pk, "seen": seen}, status=201)
+
+
+def csrf_token(request: HttpRequest) -> HttpResponse:
+    """A real CSRF token (and its cookie), for clients of the CSRF-protected upload views."""
+    return JsonResponse({"token": get_token(request)})
+
+
+#: The same upload view four ways: plain or @idempotent, behind the CSRF middleware (which parses the
+#: form before the view) or exempt from it (the body is still unread when @idempotent sees it).
+upload_plain = _upload
+upload = idempotent(required=True)(_upload)
+upload_plain_exempt = csrf_exempt(_upload)
+upload_exempt = csrf_exempt(idempotent(required=True)(_upload))
+
+
+@csrf_exempt
+@idempotent(required=True)
+def upload_to_disk(request: HttpRequest) -> HttpResponse:
+    """A view that picks its own upload handlers, as Django allows until the form is parsed."""
+    request.upload_handlers = [TemporaryFileUploadHandler(request)]
+    return _upload(request)
