@@ -15,13 +15,14 @@ import contextlib
 import datetime as dt
 import functools
 import json
+import logging
 import uuid as uuid_module
 from collections.abc import Callable, Iterable, Iterator, Sequence
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, TypeVar
 
 from django.conf import settings
-from django.db import connections, transaction
+from django.db import DatabaseError, connections, transaction
 from django.db.backends.base.base import BaseDatabaseWrapper
 from django.db.models.base import ModelState
 from django.db.models.signals import post_init, pre_init
@@ -197,6 +198,50 @@ if psycopg is not None:
             return super().execute(query, params, prepare=True if prepare is None else prepare, binary=binary)
 
 
+T = TypeVar("T")
+
+#: Aliases whose prepared statements did not survive in this process: a pooler in transaction pooling
+#: (PgBouncer before 1.21) hands each transaction any server connection, so a statement prepared on one
+#: is missing on the next, or a second client's name collides with it.
+_UNPREPARED: set[str] = set()
+_logger = logging.getLogger("django_outbox.store")
+
+
+def _prepared_statements_lost(exc: BaseException) -> bool:
+    cause = exc.__cause__ if isinstance(exc, DatabaseError) and exc.__cause__ is not None else exc
+    return psycopg is not None and isinstance(
+        cause, psycopg.errors.DuplicatePreparedStatement | psycopg.errors.InvalidSqlStatementName
+    )
+
+
+def _unprepared_on_loss(conn: BaseDatabaseWrapper, run: Callable[[], T]) -> T:
+    """``run()``, and once more unprepared if its prepared statement did not survive (a pooler).
+
+    Both errors come before the statement runs (PostgreSQL refuses the PREPARE or the EXECUTE of an
+    unknown name), so running it again is safe: nothing was claimed or recorded twice. From then on this
+    process prepares nothing on that alias, which is what ``OUTBOX["PREPARED_STATEMENTS"] = False``
+    would have said; it is logged once. Treated as an outage instead, it cost a backoff per batch and,
+    for a record, a duplicate delivery.
+    """
+    try:
+        return run()
+    except DatabaseError as exc:
+        if not _prepared_statements_lost(exc) or conn.in_atomic_block:
+            raise  # in the caller's own transaction (drain()), nothing can be retried here
+        if conn.alias not in _UNPREPARED:
+            _UNPREPARED.add(conn.alias)
+            _logger.warning(
+                "prepared statements do not survive on database %r (%s): a connection pooler in "
+                "transaction pooling is in the way; carrying on without them. Set "
+                "OUTBOX['PREPARED_STATEMENTS'] = False to say so, or connect workers directly "
+                "(docs/deploying.md).",
+                conn.alias,
+                str(exc).strip(),
+            )
+        conn.close()  # psycopg's own bookkeeping of what it prepared is wrong now: start afresh
+        return run()
+
+
 def _worker_cursor(conn: BaseDatabaseWrapper) -> Any:
     """A cursor for the claim and the record, which a worker runs all day with the same text.
 
@@ -211,8 +256,14 @@ def _worker_cursor(conn: BaseDatabaseWrapper) -> Any:
     """
     from .conf import get_settings
 
-    if psycopg is None or not _is_pg(conn) or not get_settings().PREPARED_STATEMENTS or conn.queries_logged:
-        return conn.cursor()  # with DEBUG or a query capture on, the log gets the statements' full text
+    if (
+        psycopg is None
+        or not _is_pg(conn)
+        or not get_settings().PREPARED_STATEMENTS
+        or conn.queries_logged  # with DEBUG or a query capture on, the log gets the statements' full text
+        or conn.alias in _UNPREPARED
+    ):
+        return conn.cursor()
     conn.ensure_connection()
     raw = conn.connection
     if not isinstance(raw, psycopg.Connection):  # psycopg2
@@ -345,10 +396,16 @@ def claim(
     short looks once more: those messages usually became claimable the moment the first statement ended.
     """
     conn = _connection(alias)
-    messages, fenced = _claim_once(alias, conn, worker=worker, limit=limit, lease_seconds=lease_seconds, topics=topics)
+    messages, fenced = _unprepared_on_loss(
+        conn,
+        lambda: _claim_once(alias, conn, worker=worker, limit=limit, lease_seconds=lease_seconds, topics=topics),
+    )
     if fenced and len(messages) < limit:
-        more, _ = _claim_once(
-            alias, conn, worker=worker, limit=limit - len(messages), lease_seconds=lease_seconds, topics=topics
+        more, _ = _unprepared_on_loss(
+            conn,
+            lambda: _claim_once(
+                alias, conn, worker=worker, limit=limit - len(messages), lease_seconds=lease_seconds, topics=topics
+            ),
         )
         messages += more
     messages.sort(key=lambda m: m.id)
@@ -511,7 +568,7 @@ def record(alias: str, *, worker: str, outcomes: Sequence[Outcome]) -> set[int]:
     conn = _connection(alias)
     now = timezone.now()
     if _is_pg(conn):
-        return _record_pg(conn, worker, outcomes, now)
+        return _unprepared_on_loss(conn, lambda: _record_pg(conn, worker, outcomes, now))
     return _record_generic(conn, worker, outcomes, now)
 
 

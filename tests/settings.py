@@ -19,7 +19,7 @@ OUTBOX = {
 for _name in ("MAILERS", "EMAIL_BACKEND", "EMAIL_FILE_PATH"):
     globals().pop(_name, None)
 PASSWORD_HASHERS = ["django.contrib.auth.hashers.MD5PasswordHasher"]
-LOGGING["loggers"]["django_outbox"]["level"] = "ERROR"  # type: ignore[index]  # noqa: F405
+LOGGING["loggers"]["django_outbox"]["level"] = os.environ.get("OUTBOX_LOG_LEVEL", "ERROR")  # type: ignore[index]  # noqa: F405
 
 # A second database, to test send(using=...) and per-database workers.
 _other = dict(DATABASES["default"])  # noqa: F405
