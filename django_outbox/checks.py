@@ -46,6 +46,49 @@ def check_settings(app_configs: Sequence[AppConfig] | None = None, **kwargs: Any
     return found
 
 
+@register(Tags.database)
+def check_listen(
+    app_configs: Sequence[AppConfig] | None = None, databases: Sequence[str] | None = None, **kwargs: Any
+) -> list[CheckMessage]:
+    """W002: the workers' LISTEN hears nothing (a pooler in transaction pooling), so they only poll.
+
+    A database check (``manage.py check --database default``, and ``migrate``): it connects and tries.
+    """
+    if conf.problems():
+        return []
+    outbox_settings = conf.get_settings()
+    alias = outbox_settings.DATABASE
+    if not databases or alias not in databases or not outbox_settings.NOTIFY:
+        return []
+    from django.db import connections
+
+    if connections[alias].vendor != "postgresql":
+        return []
+    import psycopg
+
+    from .wakeup import _raw_params, hears_itself, listen_alias
+
+    target = listen_alias(alias)
+    try:
+        with psycopg.connect(**_raw_params(target), autocommit=True) as conn:
+            heard = hears_itself(conn, alias)
+    except Exception:  # an unreachable database is not this check's to report
+        return []
+    if heard:
+        return []
+    return [
+        Warning(
+            f"A LISTEN on database {target!r} does not hear notifications sent through {alias!r}: a connection "
+            "pooler in transaction pooling is in the way, so workers will only poll, and a message waits up to "
+            f"OUTBOX['POLL_INTERVAL_SECONDS'] ({outbox_settings.POLL_INTERVAL_SECONDS:g} s) instead of "
+            "milliseconds after its commit.",
+            hint="Add a DATABASES alias that reaches the same server directly and name it in "
+            "OUTBOX['LISTEN_DATABASE'] (docs/deploying.md).",
+            id="django_outbox.W002",
+        )
+    ]
+
+
 @register(Tags.compatibility)
 def check_database(app_configs: Sequence[AppConfig] | None = None, **kwargs: Any) -> list[CheckMessage]:
     alias = conf.get_settings().DATABASE if not conf.problems() else "default"

@@ -50,6 +50,9 @@ class OutboxSettings:
     GRACE_PERIOD_SECONDS: float = 30.0
     MAX_PAYLOAD_BYTES: int = 1_000_000
     DATABASE: str = "default"
+    #: The DATABASES alias the workers' listener LISTENs on; None: DATABASE. Behind a pooler in
+    #: transaction pooling, name an alias that reaches the same server directly (docs/deploying.md).
+    LISTEN_DATABASE: str | None = None
     NOTIFY: bool = True
     NOTIFY_CHANNEL: str = "django_outbox"
     #: PostgreSQL workers prepare the claim and the record (docs/settings.md); off behind old PgBouncers.
@@ -200,6 +203,19 @@ def _parse(raw: object) -> tuple[OutboxSettings, list[Problem]]:
                     "OUTBOX['SENSITIVE_TOPICS'] must be a list of non-empty topic patterns, "
                     f"not {reprlib.repr(patterns)}.",
                     'Example: ["payments.*", "users.password_changed"]. Remove the key to protect emails only.',
+                )
+            )
+    if raw.get("LISTEN_DATABASE") is not None:
+        listen = raw["LISTEN_DATABASE"]
+        if isinstance(listen, str) and listen in django_settings.DATABASES:
+            values["LISTEN_DATABASE"] = listen
+        else:
+            problems.append(
+                Problem(
+                    "django_outbox.E008",
+                    f"OUTBOX['LISTEN_DATABASE'] must name an alias of DATABASES, not {listen!r}.",
+                    "Add an alias that reaches the outbox's PostgreSQL server directly (not through a pooler in "
+                    f"transaction pooling), or remove the key. Aliases: {', '.join(django_settings.DATABASES)}.",
                 )
             )
     if "DATABASE" in values and values["DATABASE"] not in django_settings.DATABASES:

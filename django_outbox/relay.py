@@ -179,7 +179,9 @@ class Relay:
             ",".join(cfg.topics) or "*",
         )
         if cfg.notify and connections[cfg.database].vendor == "postgresql":
-            self.listener = Listener(cfg.database, self._bell.ring, lambda: self._stopping.is_set())
+            self.listener = Listener(
+                cfg.database, self._bell.ring, lambda: self._stopping.is_set(), poll_interval=cfg.poll_interval
+            )
             self.listener.start()
         keeper = threading.Thread(target=self._keep, name="outbox-keeper", daemon=True)
         keeper.start()

@@ -6,14 +6,22 @@ inside the transaction, in the very statement that inserts the message: PostgreS
 notifications of one transaction into one, delivers it at commit and drops it on rollback (of a
 savepoint too). That costs no round trip and no second commit, where a ``NOTIFY`` issued after the
 commit costs both, and no bookkeeping of which transaction already asked (see docs/performance.md).
-Elsewhere, or with ``OUTBOX["NOTIFY"] = False`` (PgBouncer in transaction pooling cannot LISTEN),
-workers poll, so a lost notification never delays delivery by more than the poll interval.
+Elsewhere, or with ``OUTBOX["NOTIFY"] = False``, workers poll, so a lost notification never delays
+delivery by more than the poll interval.
+
+A pooler in transaction pooling (PgBouncer) cannot keep a ``LISTEN``: the session that registered it goes
+back to the pool after the statement, and its notifications reach nobody. ``OUTBOX["LISTEN_DATABASE"]``
+names another alias, typically the same server reached directly, used only for the listener's one
+connection (sending stays on the caller's connection, through the pooler: ``NOTIFY`` is transactional
+and works there). Whether a ``LISTEN`` hears is not guessed from settings but tried: the listener sends
+itself a notification on a second connection after each connect (``hears_itself``).
 """
 
 from __future__ import annotations
 
 import functools
 import logging
+import secrets
 import threading
 import time
 from collections.abc import Callable
@@ -50,31 +58,83 @@ def notify_on_commit(alias: str) -> None:
     transaction.on_commit(callback, using=alias, robust=True)
 
 
+#: How long a listener waits for its own probe notification before it calls its connection deaf.
+PROBE_TIMEOUT = 2.0
+
+
+def listen_alias(alias: str) -> str:
+    """The alias the listener of ``alias``'s workers connects to."""
+    return get_settings().LISTEN_DATABASE or alias
+
+
+def _raw_params(alias: str) -> dict[str, Any]:
+    params = connections[alias].get_connection_params()
+    params.pop("cursor_factory", None)  # Django's, for its own connections
+    params.pop("context", None)
+    return params
+
+
+def hears_itself(listening: Any, notify_alias: str, *, timeout: float = PROBE_TIMEOUT) -> bool:
+    """Whether the psycopg connection ``listening`` hears a NOTIFY sent through ``notify_alias``.
+
+    It LISTENs on a channel of its own, and a second connection (made like the workers' own, through
+    whatever pooler is in the way) notifies it. Through a pooler in transaction pooling the notification
+    goes to whichever client holds the server session then, so it is not heard.
+    """
+    import psycopg
+
+    channel = f"django_outbox_probe_{secrets.token_hex(6)}"
+    listening.execute(psycopg.sql.SQL("LISTEN {}").format(psycopg.sql.Identifier(channel)))
+    try:
+        with psycopg.connect(**_raw_params(notify_alias), autocommit=True) as notifier:
+            notifier.execute("SELECT pg_notify(%s, '')", [channel])
+        return any(n.channel == channel for n in listening.notifies(timeout=timeout, stop_after=1))
+    finally:
+        listening.execute(psycopg.sql.SQL("UNLISTEN {}").format(psycopg.sql.Identifier(channel)))
+
+
 class Listener(threading.Thread):
     """LISTENs on its own autocommit connection and calls ``wake()`` on every notification.
 
     A dropped connection (database restart, network cut) is re-opened with capped backoff; after each
-    reconnect ``wake()`` is called once, since notifications sent while we were away are lost.
+    reconnect ``wake()`` is called once, since notifications sent while we were away are lost. A
+    connection that does not hear its own probe (a pooler in transaction pooling) is closed with a
+    warning, once, and the listener gives up: the workers poll, and ``connected`` stays clear, which
+    tells the delivery threads not to wait for wake-ups.
     """
 
-    def __init__(self, alias: str, wake: Callable[[], None], stopping: Callable[[], bool]) -> None:
+    def __init__(
+        self, alias: str, wake: Callable[[], None], stopping: Callable[[], bool], *, poll_interval: float | None = None
+    ) -> None:
         super().__init__(name="outbox-listener", daemon=True)
         self.alias = alias
+        self.poll_interval = poll_interval
         self.wake = wake
         self.stopping = stopping
         self.connected = threading.Event()
+        self.deaf = False  # its connection did not hear its own probe: the workers poll
 
     def run(self) -> None:
         import psycopg
 
-        channel = get_settings().NOTIFY_CHANNEL
+        settings = get_settings()
+        channel = settings.NOTIFY_CHANNEL
+        target = listen_alias(self.alias)
         delay = 0.1
         while not self.stopping():
             try:
-                params = connections[self.alias].get_connection_params()
-                params.pop("cursor_factory", None)
-                params.pop("context", None)
-                with psycopg.connect(**params, autocommit=True) as conn:
+                with psycopg.connect(**_raw_params(target), autocommit=True) as conn:
+                    if not hears_itself(conn, self.alias):
+                        self.deaf = True
+                        logger.warning(
+                            "the outbox listener on database %r does not hear notifications (a connection "
+                            "pooler in transaction pooling?): workers poll every %gs instead of waking at "
+                            "commit. Set OUTBOX['LISTEN_DATABASE'] to an alias that reaches the server "
+                            "directly (docs/deploying.md).",
+                            target,
+                            self.poll_interval or settings.POLL_INTERVAL_SECONDS,
+                        )
+                        return
                     conn.execute(psycopg.sql.SQL("LISTEN {}").format(psycopg.sql.Identifier(channel)))
                     self.connected.set()
                     self.wake()

@@ -31,6 +31,11 @@ else:
     _other["TEST"] = {}
 DATABASES["other"] = _other  # noqa: F405
 
+# Worker processes behind a pooler may LISTEN on a direct alias (OUTBOX["LISTEN_DATABASE"]).
+if os.environ.get("LISTEN_DATABASE_URL"):
+    DATABASES["listen"] = env.db_url_config(os.environ["LISTEN_DATABASE_URL"])  # noqa: F405
+    OUTBOX["LISTEN_DATABASE"] = "listen"
+
 # TEST_USE_TZ=0 runs the suite (or part of it) with naive datetimes, as projects with USE_TZ = False do.
 # A zone away from UTC, so a naive time mistaken for UTC (or the reverse) shows.
 if os.environ.get("TEST_USE_TZ", "1") == "0":

@@ -37,6 +37,8 @@ def test_valid_settings_have_no_errors():
         ({"NOTIFY": "yes"}, "django_outbox.E003"),
         ({"BACKOFF_BASE_SECONDS": 10, "BACKOFF_MAX_SECONDS": 1}, "django_outbox.E003"),
         ({"DATABASE": "missing"}, "django_outbox.E004"),
+        ({"LISTEN_DATABASE": "missing"}, "django_outbox.E008"),
+        ({"LISTEN_DATABASE": 3}, "django_outbox.E008"),
         ({"TRANSPORTS": {"x": {"OPTIONS": {}}}}, "django_outbox.E010"),
         ({"TRANSPORTS": {"x": {"BACKEND": "a.b", "URL": "nope"}}}, "django_outbox.E010"),
         ({"ROUTES": ["orders.*"]}, "django_outbox.E020"),

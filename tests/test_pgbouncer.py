@@ -3,17 +3,20 @@
 from __future__ import annotations
 
 import collections
+import signal
+import subprocess
+import sys
 import time
 from collections.abc import Iterator
 
 import pytest
 from django.db import connection
 
-from django_outbox import outbox
-from django_outbox.models import Message
+from django_outbox import outbox, wakeup
+from django_outbox.models import Message, Worker
 
 from . import pgbouncer
-from .conftest import IN_CI, WorkerProcess
+from .conftest import IN_CI, ROOT, WorkerProcess, wait_for, worker_env
 from .probe.models import Delivery
 
 pytestmark = [pytest.mark.django_db(transaction=True), pytest.mark.usefixtures("postgres")]
@@ -61,3 +64,70 @@ def test_default_workers_deliver_every_message_once_through_the_pooler(bouncer):
     assert len(per_message) == total and set(per_message.values()) == {1}, "every message exactly once"
     assert Message.objects.filter(status="delivered", attempts=1).count() == total
     assert elapsed < 20, f"{total} messages took {elapsed:.0f}s through the pooler"
+
+
+def direct(database: str) -> str:
+    settings = connection.settings_dict
+    return f"postgres://postgres@{settings['HOST'] or '127.0.0.1'}:{settings['PORT'] or 5432}/{database}"
+
+
+def check_output(env: dict[str, str]) -> str:
+    result = subprocess.run(
+        [sys.executable, str(ROOT / "manage.py"), "check", "--database", "default"],
+        cwd=ROOT,
+        env={**worker_env(), **env},
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    return result.stdout + result.stderr
+
+
+def test_check_warns_when_the_listen_hears_nothing_and_listen_database_mends_it(bouncer):
+    env = through(bouncer)
+    if bouncer.mode == "session":
+        assert "django_outbox.W002" not in check_output(env), "a session keeps its LISTEN"
+        return
+    out = check_output(env)
+    assert "django_outbox.W002" in out and "will only poll" in out, out
+    out = check_output({**env, "LISTEN_DATABASE_URL": direct(connection.settings_dict["NAME"])})
+    assert "django_outbox.W002" not in out, out
+
+
+def test_an_idle_worker_behind_transaction_pooling_wakes_at_commit_through_listen_database(bouncer):
+    """Sent through the pooler (NOTIFY is transactional, so it works there), heard on the direct alias."""
+    env = through(bouncer)
+    name = connection.settings_dict["NAME"]
+    worker = WorkerProcess("--poll-interval", "60", env={**env, "LISTEN_DATABASE_URL": direct(name)})
+    try:
+        wait_for(lambda: Worker.objects.filter(stopped_at__isnull=True).exists(), timeout=30)
+        time.sleep(1.0)  # the probe, then idle: only a wake-up can explain a delivery within seconds
+        sender = [
+            sys.executable,
+            str(ROOT / "manage.py"),
+            "shell",
+            "-c",
+            "from django_outbox import outbox; outbox.send('probe.woken', {})",
+        ]
+        subprocess.run(sender, cwd=ROOT, env={**worker_env(), **env}, check=True, timeout=60)
+        sent = time.monotonic()
+        wait_for(lambda: Delivery.objects.filter(topic="probe.woken").exists(), timeout=10)
+        assert time.monotonic() - sent < 5, "woken by the NOTIFY, not the minute's poll"
+    finally:
+        worker.send_signal(signal.SIGTERM)
+    _code, out = worker.wait()
+    assert "does not hear" not in out, out
+
+
+def test_a_deaf_listener_says_so_once_and_the_worker_still_delivers_by_polling(bouncer):
+    if bouncer.mode == "session":
+        pytest.skip("a session keeps its LISTEN")
+    worker = WorkerProcess("--poll-interval", "0.5", env=through(bouncer))
+    try:
+        outbox.send("probe.polled", {})
+        wait_for(lambda: Delivery.objects.filter(topic="probe.polled").exists(), timeout=20)
+        time.sleep(wakeup.PROBE_TIMEOUT + 1)  # the listener's probe has given up by now
+    finally:
+        worker.send_signal(signal.SIGTERM)
+    _code, out = worker.wait()
+    assert out.count("does not hear notifications") == 1 and "poll every 0.5s" in out, out
