@@ -31,6 +31,14 @@ else:
     _other["TEST"] = {}
 DATABASES["other"] = _other  # noqa: F405
 
+# Worker processes started by a test may run with other connection settings (Django's pool, CONN_MAX_AGE).
+if os.environ.get("TEST_DB_SETTINGS"):
+    import json
+
+    _extra = json.loads(os.environ["TEST_DB_SETTINGS"])
+    DATABASES["default"].setdefault("OPTIONS", {}).update(_extra.pop("OPTIONS", {}))  # noqa: F405
+    DATABASES["default"].update(_extra)  # noqa: F405
+
 # Worker processes behind a pooler may LISTEN on a direct alias (OUTBOX["LISTEN_DATABASE"]).
 if os.environ.get("LISTEN_DATABASE_URL"):
     DATABASES["listen"] = env.db_url_config(os.environ["LISTEN_DATABASE_URL"])  # noqa: F405
