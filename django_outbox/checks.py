@@ -112,8 +112,8 @@ def database_messages(alias: str, db: Mapping[str, Any]) -> list[CheckMessage]:
             Warning(
                 f"SQLite database {alias!r} uses deferred transactions; concurrent workers and web requests may "
                 "fail with 'database is locked'.",
-                hint="Set DATABASES[...]['OPTIONS'] = {'transaction_mode': 'IMMEDIATE', "
-                "'init_command': 'PRAGMA journal_mode=WAL;'}.",
+                hint="Set DATABASES[...]['OPTIONS'] = {'transaction_mode': 'IMMEDIATE', 'timeout': 20, "
+                "'init_command': 'PRAGMA journal_mode=WAL;'} (docs/settings.md#sqlite).",
                 id="django_outbox.W001",
             )
         ]

@@ -65,9 +65,9 @@ def test_manage_py_check_fails_on_bad_settings():
 
 
 def test_sqlite_without_immediate_transactions_warns():
-    assert [m.id for m in database_messages("default", {"ENGINE": "django.db.backends.sqlite3"})] == [
-        "django_outbox.W001"
-    ]
+    (warning,) = database_messages("default", {"ENGINE": "django.db.backends.sqlite3"})
+    assert warning.id == "django_outbox.W001"
+    assert all(option in (warning.hint or "") for option in ("'transaction_mode': 'IMMEDIATE'", "'timeout': 20", "WAL"))
     immediate = {"ENGINE": "django.db.backends.sqlite3", "OPTIONS": {"transaction_mode": "IMMEDIATE"}}
     assert database_messages("default", immediate) == []
 
