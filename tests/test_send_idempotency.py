@@ -144,3 +144,15 @@ def test_a_conflict_with_a_concurrent_uncommitted_send_is_seen_once_it_commits(p
     assert errors == []
     assert list(Message.objects.values_list("payload", flat=True)) == [{"n": 1}]
     assert Order.objects.count() == 1
+
+
+def test_the_checks_cost_no_query(django_assert_num_queries):
+    """One statement per send, as before; a repeat reads the stored row once, a conflict too."""
+    with django_assert_num_queries(1):
+        outbox.send("probe.created", {"n": 1}, idempotency_key="q")
+    with django_assert_num_queries(2):
+        outbox.send("probe.created", {"n": 1}, idempotency_key="q")
+    with django_assert_num_queries(2), pytest.raises(IdempotencyConflictError):
+        outbox.send("probe.created", {"n": 2}, idempotency_key="q")
+    with django_assert_num_queries(1):
+        outbox.send("probe.created", {"n": 1}, key="k", headers={"h": "v"}, delay=5)
