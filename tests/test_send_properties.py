@@ -14,13 +14,14 @@ import json
 import math
 import string
 import time
+import uuid
 from collections.abc import Callable, Iterator
 from typing import Any
 
 import pytest
 from django.core.serializers.json import DjangoJSONEncoder
 from django.db import connection, transaction
-from hypothesis import example, given
+from hypothesis import example, given, settings
 from hypothesis import strategies as st
 
 from django_outbox import OutboxError, outbox
@@ -275,3 +276,28 @@ def test_any_schedule_and_attempts_are_stored_or_refused(received, delay, availa
             assert sent.max_attempts == max_attempts and isinstance(max_attempts, int)
         if isinstance(delay, int | float) and not isinstance(delay, bool):
             assert math.isfinite(delay) and delay >= 0
+
+
+@settings(max_examples=3)  # each example starts a worker process: a few, of twenty payloads each
+@given(payloads=st.lists(PAYLOADS, min_size=20, max_size=20))
+def test_a_worker_process_delivers_every_accepted_payload_as_sent(worker_process, tmp_path, payloads):
+    echo = tmp_path / f"echo-{uuid.uuid4().hex}.jsonl"
+    sent: dict[int, Any] = {}
+    try:
+        with transaction.atomic():
+            for payload in payloads:
+                try:
+                    sent[outbox.send("echo.sent", payload).pk] = payload
+                except ALLOWED:
+                    pass
+        code, output = worker_process("--until-empty", "--topics", "echo.*", env={"OUTBOX_TEST_ECHO": str(echo)}).wait()
+        assert code == 0, output
+        lines = echo.read_text(encoding="utf-8").splitlines() if sent else []
+        received = {line["id"]: line["payload"] for line in map(json.loads, lines)}
+        assert received.keys() == sent.keys() and len(lines) == len(sent)
+        for pk, payload in sent.items():
+            assert same_json(received[pk], stored_payload(pk))
+            assert same_json(received[pk], as_json(payload))
+    finally:
+        for model in (Attempt, Message):
+            model.objects.all()._raw_delete(connection.alias)
