@@ -263,7 +263,8 @@ class Outbox:
         """Write a message in the current transaction of ``using``; it is relayed only once that commits.
 
         Everything is validated before the row is written, so a bad argument raises here and leaves the
-        caller's transaction untouched. A repeated ``idempotency_key`` returns the stored message.
+        caller's transaction untouched. A repeated ``idempotency_key`` returns the stored message if the
+        topic, key and payload are the same, and raises ``IdempotencyConflictError`` otherwise (docs/api.md).
         """
         conf = get_settings()
         topic = _check_name("topic", topic, TOPIC_MAX_LENGTH, optional=False)  # type: ignore[assignment]
