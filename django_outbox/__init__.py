@@ -7,6 +7,7 @@ at least once. See docs/ for the guarantees.
 from .api import Outbox, outbox
 from .exceptions import (
     DeliveryError,
+    IdempotencyConflictError,
     MissingExtraError,
     OutboxError,
     OutboxImproperlyConfigured,
@@ -18,6 +19,7 @@ from .exceptions import (
 
 __all__ = [
     "DeliveryError",
+    "IdempotencyConflictError",
     "MissingExtraError",
     "Outbox",
     "OutboxError",

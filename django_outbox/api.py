@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import datetime as dt
+import decimal
 import json
 import math
 import re
@@ -15,9 +16,9 @@ from django.core.serializers.json import DjangoJSONEncoder
 from django.utils import timezone
 
 from .conf import get_settings
-from .exceptions import PayloadTooLargeError
-from .limits import IDEMPOTENCY_KEY_MAX_LENGTH, KEY_MAX_LENGTH, TOPIC_MAX_LENGTH
-from .routing import Handler, registry, resolve_transport
+from .exceptions import IdempotencyConflictError, PayloadTooLargeError
+from .limits import IDEMPOTENCY_KEY_MAX_LENGTH, KEY_MAX_LENGTH, PAYLOAD_MAX_DEPTH, TOPIC_MAX_LENGTH
+from .routing import Handler, registry, sending_transport
 
 if TYPE_CHECKING:
     from .models import Message
@@ -31,6 +32,24 @@ MAX_ATTEMPTS_LIMIT = 2**31 - 1
 _ENCODER = DjangoJSONEncoder(allow_nan=False, separators=(",", ":"))
 #: The ``\u0000`` escape json.dumps writes for NUL, not the text "\\u0000" (whose backslash it doubles).
 _NUL = re.compile(r"(?<!\\)(?:\\\\)*\\u0000")
+#: A JSON string (skipped), or a number in exponent form with a positive exponent: Python writes floats
+#: from 1e16 up that way, and PostgreSQL's jsonb, which keeps numbers as exact decimals, gives them back
+#: without the exponent and without a fraction (1e+16 becomes 10000000000000000), so they came back as
+#: ints, and 1e308 as an int that is not equal to the float sent.
+#: (Strings as the "unrolled loop" ``"[^"\\]*(?:\\.[^"\\]*)*"``: one alternative per character was
+#: 25 times slower, seconds for a payload of some megabytes.)
+_STRING_OR_BIG_FLOAT = re.compile(r'"[^"\\]*(?:\\.[^"\\]*)*"|(-?\d+(?:\.\d+)?e\+\d+)')
+_STRING = re.compile(r'"[^"\\]*(?:\\.[^"\\]*)*"')
+_BRACKET = re.compile(r"[\[\]{}]")
+#: The latest and earliest ``available_at``: a day inside ``datetime``'s range, so the time can be shown
+#: in any time zone (the admin) and a worker's arithmetic on it cannot leave the range.
+LATEST_AVAILABLE_AT = dt.datetime.max.replace(tzinfo=dt.UTC) - dt.timedelta(days=1)
+EARLIEST_AVAILABLE_AT = dt.datetime.min.replace(tzinfo=dt.UTC) + dt.timedelta(days=1)
+#: A header name: printable, without spaces or a colon (HTTP, AMQP and NATS headers all carry that).
+_HEADER_NAME = re.compile(r"[^\x00-\x20\x7f:]+")
+#: What no header value may hold: a line break would inject headers on text protocols (NATS), NUL is
+#: unstorable.
+_HEADER_VALUE_BREAK = re.compile(r"[\r\n\x00]")
 
 
 def _check_name(what: str, value: object, max_length: int, *, optional: bool) -> str | None:
@@ -44,7 +63,41 @@ def _check_name(what: str, value: object, max_length: int, *, optional: bool) ->
         raise ValueError(f"outbox.send(): {what} must be a non-empty string without surrounding spaces, got {value!r}.")
     if len(value) > max_length:
         raise ValueError(f"outbox.send(): {what} is {len(value)} characters long; the limit is {max_length}.")
+    if "\x00" in value:  # PostgreSQL refuses it in text (a DataError, not the caller's mistake made clear)
+        raise ValueError(f"outbox.send(): {what} contains a NUL character (\\x00), which databases cannot store.")
+    if not value.isascii():  # ASCII text cannot hold a surrogate: the common case skips the encode
+        try:
+            value.encode()
+        except UnicodeEncodeError as exc:
+            raise ValueError(
+                f"outbox.send(): {what} contains a lone UTF-16 surrogate ({exc.object[exc.start : exc.end]!r}), "
+                "which is not valid Unicode. Fix how the text was decoded."
+            ) from exc
     return value
+
+
+def _check_headers(headers: object) -> str:
+    """The headers as JSON; names and values must be text that every header-carrying transport can carry."""
+    if headers is None:
+        return "{}"
+    if not isinstance(headers, Mapping):
+        raise TypeError(f"outbox.send(): headers must be a dict of str to str, not {type(headers).__name__}.")
+    for name, value in headers.items():
+        if not isinstance(name, str) or not isinstance(value, str):
+            raise TypeError(
+                f"outbox.send(): headers must be a dict of str to str; {name!r}: {value!r} is "
+                f"{type(name).__name__} to {type(value).__name__}."
+            )
+        if _HEADER_NAME.fullmatch(name) is None:
+            raise ValueError(
+                f"outbox.send(): header name {name!r} must be non-empty, without spaces, control characters or ':'."
+            )
+        if _HEADER_VALUE_BREAK.search(value) is not None:
+            raise ValueError(
+                f"outbox.send(): the value of header {name!r} contains a line break or NUL, which would let it "
+                "inject headers into text protocols. Encode the value first."
+            )
+    return _encode("headers", dict(headers)) if headers else "{}"
 
 
 def _encode(what: str, value: object) -> str:
@@ -55,10 +108,13 @@ def _encode(what: str, value: object) -> str:
             f"outbox.send(): {what} must be JSON-serialisable: {exc}. "
             "Pass plain data (dict, list, str, int, ...) or convert the object first."
         ) from exc
-    except ValueError as exc:
-        raise TypeError(
-            f"outbox.send(): {what} must be JSON-serialisable: {exc} (NaN and infinity are not JSON)."
+    except RecursionError as exc:
+        raise ValueError(
+            f"outbox.send(): {what} is nested too deeply to encode; the limit is {PAYLOAD_MAX_DEPTH} levels."
         ) from exc
+    except ValueError as exc:
+        hint = " (NaN and infinity are not JSON)" if "float" in str(exc) else ""
+        raise TypeError(f"outbox.send(): {what} must be JSON-serialisable: {exc}{hint}.") from exc
     if "\\u0000" in encoded and _NUL.search(encoded):
         raise ValueError(
             f"outbox.send(): {what} contains a NUL character (\\u0000), which databases "
@@ -75,6 +131,79 @@ def _encode(what: str, value: object) -> str:
     return encoded
 
 
+def _portable(encoded: str) -> str:
+    """The payload's JSON as every database and worker can give it back: bounded nesting, floats in full.
+
+    Run once the text is known to fit ``MAX_PAYLOAD_BYTES``, which bounds its work; the common payload
+    pays for three substring scans.
+    """
+    # A payload with fewer brackets than the limit cannot nest deeper than it.
+    if encoded.count("[") + encoded.count("{") > PAYLOAD_MAX_DEPTH:
+        depth = _depth(encoded)
+        if depth > PAYLOAD_MAX_DEPTH:
+            raise ValueError(
+                f"outbox.send(): payload nests lists and objects {depth} levels deep; the limit is "
+                f"{PAYLOAD_MAX_DEPTH}, so that every worker and consumer can decode it."
+            )
+    if "e+" in encoded and "e+" in _STRING.sub("", encoded):  # a big float, not just text that looks like one
+        encoded = _STRING_OR_BIG_FLOAT.sub(_positional, encoded)
+    return encoded
+
+
+def _depth(encoded: str) -> int:
+    depth = deepest = 0
+    for bracket in _BRACKET.findall(_STRING.sub("", encoded)):
+        if bracket in "[{":
+            depth += 1
+            deepest = max(deepest, depth)
+        else:
+            depth -= 1
+    return deepest
+
+
+def _positional(match: re.Match[str]) -> str:
+    """A big float written out in full with a fraction, so that every database gives back a float."""
+    number = match.group(1)
+    if number is None:  # a string
+        return match.group(0)
+    return f"{decimal.Decimal(number):f}.0"
+
+
+def _same_json(a: object, b: object) -> bool:
+    """JSON value equality: numbers by value (1 and 1.0 are one JSON number), booleans apart from them.
+
+    Iterative, since payloads may nest up to ``PAYLOAD_MAX_DEPTH`` levels.
+    """
+    pending = [(a, b)]
+    while pending:
+        x, y = pending.pop()
+        x_number = isinstance(x, int | float) and not isinstance(x, bool)
+        y_number = isinstance(y, int | float) and not isinstance(y, bool)
+        if x_number or y_number:
+            if not (x_number and y_number and x == y):
+                return False
+        elif type(x) is not type(y):
+            return False
+        elif isinstance(x, dict) and isinstance(y, dict):
+            if x.keys() != y.keys():
+                return False
+            pending.extend((x[k], y[k]) for k in x)
+        elif isinstance(x, list) and isinstance(y, list):
+            if len(x) != len(y):
+                return False
+            pending.extend(zip(x, y, strict=True))
+        elif x != y:
+            return False
+    return True
+
+
+def _in_range(when: dt.datetime) -> bool:
+    """Inside the years 1 to 9999 with a day to spare; naive times (``USE_TZ = False``) compared as such."""
+    if timezone.is_naive(when):
+        return EARLIEST_AVAILABLE_AT.replace(tzinfo=None) <= when <= LATEST_AVAILABLE_AT.replace(tzinfo=None)
+    return EARLIEST_AVAILABLE_AT <= when <= LATEST_AVAILABLE_AT
+
+
 def _available_at(delay: object, available_at: object, now: dt.datetime) -> dt.datetime:
     if delay is not None and available_at is not None:
         raise ValueError("outbox.send(): pass delay or available_at, not both.")
@@ -82,7 +211,12 @@ def _available_at(delay: object, available_at: object, now: dt.datetime) -> dt.d
         if isinstance(delay, dt.timedelta):
             seconds = delay.total_seconds()
         elif isinstance(delay, int | float) and not isinstance(delay, bool):
-            seconds = float(delay)
+            try:
+                seconds = float(delay)
+            except OverflowError:  # an int beyond any float (10**400): no timedelta either
+                seconds = -math.inf if delay < 0 else math.inf
+                if seconds > 0:
+                    raise ValueError(f"outbox.send(): delay {delay!r} reaches past the year 9999.") from None
         else:
             raise TypeError(
                 f"outbox.send(): delay must be a timedelta or a number of seconds, not {type(delay).__name__}."
@@ -90,19 +224,41 @@ def _available_at(delay: object, available_at: object, now: dt.datetime) -> dt.d
         if not math.isfinite(seconds) or seconds < 0:
             raise ValueError(f"outbox.send(): delay must be a finite, non-negative number of seconds, got {delay!r}.")
         try:
-            return now + dt.timedelta(seconds=seconds)
+            when = now + dt.timedelta(seconds=seconds)
         except OverflowError as exc:
             raise ValueError(f"outbox.send(): delay {delay!r} reaches past the year 9999.") from exc
+        if not _in_range(when):
+            raise ValueError(f"outbox.send(): delay {delay!r} reaches past the year 9999.")
+        return when
     if available_at is not None:
         if not isinstance(available_at, dt.datetime):
             raise TypeError(f"outbox.send(): available_at must be a datetime, not {type(available_at).__name__}.")
         if not django_settings.USE_TZ:  # naive times in TIME_ZONE, as Django's own fields take them
-            return timezone.make_naive(available_at) if timezone.is_aware(available_at) else available_at
+            try:
+                local = timezone.make_naive(available_at) if timezone.is_aware(available_at) else available_at
+            except OverflowError:
+                local = None
+            if local is None or not _in_range(local):
+                raise ValueError(
+                    f"outbox.send(): available_at {available_at.isoformat()} is outside the years 1 to 9999 "
+                    "(with a day to spare for time zones)."
+                )
+            return local
         if timezone.is_naive(available_at):
             raise ValueError(
                 "outbox.send(): available_at must be timezone-aware (use django.utils.timezone.now() + timedelta(...))."
             )
-        return available_at
+        try:
+            # In UTC: PostgreSQL refuses offsets beyond 15:59 and offsets with seconds that Python allows.
+            utc = available_at.astimezone(dt.UTC)
+        except OverflowError:  # e.g. datetime.max at UTC-5: past the year 9999 in UTC
+            utc = None
+        if utc is None or not EARLIEST_AVAILABLE_AT <= utc <= LATEST_AVAILABLE_AT:
+            raise ValueError(
+                f"outbox.send(): available_at {available_at.isoformat()} is outside the years 1 to 9999 (UTC, "
+                "with a day to spare for time zones)."
+            )
+        return utc
     return now
 
 
@@ -125,17 +281,14 @@ class Outbox:
         """Write a message in the current transaction of ``using``; it is relayed only once that commits.
 
         Everything is validated before the row is written, so a bad argument raises here and leaves the
-        caller's transaction untouched. A repeated ``idempotency_key`` returns the stored message.
+        caller's transaction untouched. A repeated ``idempotency_key`` returns the stored message if the
+        topic, key and payload are the same, and raises ``IdempotencyConflictError`` otherwise (docs/api.md).
         """
         conf = get_settings()
         topic = _check_name("topic", topic, TOPIC_MAX_LENGTH, optional=False)  # type: ignore[assignment]
         key = _check_name("key", key, KEY_MAX_LENGTH, optional=True)
         idempotency_key = _check_name("idempotency_key", idempotency_key, IDEMPOTENCY_KEY_MAX_LENGTH, optional=True)
-        if headers is not None and (
-            not isinstance(headers, Mapping)
-            or not all(isinstance(k, str) and isinstance(v, str) for k, v in headers.items())
-        ):
-            raise TypeError("outbox.send(): headers must be a dict of str to str.")
+        headers_json = _check_headers(headers)
         if max_attempts is None:
             max_attempts = conf.MAX_ATTEMPTS
         elif (
@@ -148,25 +301,32 @@ class Outbox:
         if alias not in django_settings.DATABASES:
             raise ValueError(f"outbox.send(): using={alias!r} is not a database in settings.DATABASES.")
         payload_json = _encode("payload", payload)
+        if len(payload_json) <= conf.MAX_PAYLOAD_BYTES:  # else refused below, without the work of _portable()
+            payload_json = _portable(payload_json)
         if len(payload_json) > conf.MAX_PAYLOAD_BYTES:
             raise PayloadTooLargeError(
                 f"outbox.send(): the payload of {topic!r} is {len(payload_json)} bytes as JSON; "
                 f"OUTBOX['MAX_PAYLOAD_BYTES'] is {conf.MAX_PAYLOAD_BYTES}. Store large data elsewhere and "
                 "send a reference to it."
             )
+        if len(headers_json) > conf.MAX_PAYLOAD_BYTES - len(payload_json):
+            raise PayloadTooLargeError(
+                f"outbox.send(): the headers of {topic!r} are {len(headers_json)} bytes as JSON, which with "
+                f"the payload's {len(payload_json)} is over OUTBOX['MAX_PAYLOAD_BYTES'] ({conf.MAX_PAYLOAD_BYTES})."
+            )
         now = timezone.now()
         when = _available_at(delay, available_at, now)
-        resolve_transport(topic)
+        sending_transport(topic)
         from . import store  # imported here: the package must be importable before apps are ready
 
-        message, _ = store.insert(
+        message, created = store.insert(
             alias,
             store.NewMessage(
                 uuid=uuid.uuid4(),
                 topic=topic,
                 key=key,
                 payload_json=payload_json,
-                headers_json=_encode("headers", dict(headers)) if headers else "{}",
+                headers_json=headers_json,
                 idempotency_key=idempotency_key,
                 max_attempts=max_attempts,
                 available_at=when,
@@ -175,6 +335,16 @@ class Outbox:
             # PostgreSQL folds the NOTIFYs of one transaction into one, and drops them on rollback.
             notify=conf.NOTIFY_CHANNEL if conf.NOTIFY else None,
         )
+        if not created and not (
+            message.topic == topic and message.key == key and _same_json(message.payload, json.loads(payload_json))
+        ):
+            raise IdempotencyConflictError(
+                f"outbox.send(): idempotency_key {idempotency_key!r} already belongs to message {message.uuid} "
+                f"(topic {message.topic!r}, key {message.key!r}) with other content; nothing was written. "
+                "A repeated key must come with the same topic, key and payload: derive the key from "
+                "everything that makes the message unique.",
+                existing=message,
+            )
         return message
 
     def handler(self, pattern: str) -> Callable[[H], H]:

@@ -7,7 +7,12 @@ or give up at once.
 
 from __future__ import annotations
 
+from typing import TYPE_CHECKING
+
 from django.core.exceptions import ImproperlyConfigured
+
+if TYPE_CHECKING:
+    from .models import Message
 
 
 class OutboxError(Exception):
@@ -20,6 +25,19 @@ class UnknownTopicError(OutboxError, LookupError):
 
 class PayloadTooLargeError(OutboxError, ValueError):
     """The encoded payload is larger than ``OUTBOX["MAX_PAYLOAD_BYTES"]``."""
+
+
+class IdempotencyConflictError(OutboxError, ValueError):
+    """An ``idempotency_key`` was sent again with another topic, key or payload.
+
+    Returning the first message would drop the second one silently; the key was reused by mistake (a
+    key derived from too little), so the caller must hear of it. Nothing was written, and the caller's
+    transaction is still usable. ``existing`` is the stored message that holds the key.
+    """
+
+    def __init__(self, message: str, *, existing: Message) -> None:
+        super().__init__(message)
+        self.existing = existing
 
 
 class DeliveryError(OutboxError):

@@ -8,3 +8,7 @@ INBOX_SOURCE_MAX_LENGTH = 200
 INBOX_MESSAGE_ID_MAX_LENGTH = 255
 REQUEST_KEY_MAX_LENGTH = 255
 REQUEST_SCOPE_MAX_LENGTH = 255
+#: Deepest nesting of lists and objects in a payload. Python's JSON decoder gives up a little under
+#: 1,000 levels (fewer on a worker's deeper stack), where a message would fail every claim that reads
+#: it; SQLite's JSON stops at 1,000, and many consumers' parsers far earlier (serde_json at 128).
+PAYLOAD_MAX_DEPTH = 100

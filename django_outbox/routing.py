@@ -17,7 +17,7 @@ from typing import TYPE_CHECKING
 from django.core.signals import setting_changed
 
 from .conf import EMAIL_TOPIC, EMAIL_TRANSPORT, HANDLER_TRANSPORT, get_settings
-from .exceptions import UnknownTopicError
+from .exceptions import MissingExtraError, OutboxImproperlyConfigured, UnknownTopicError
 
 if TYPE_CHECKING:
     from .models import Message
@@ -50,11 +50,11 @@ class HandlerRegistry:
                 "Each pattern may have one handler; call the second from the first if both must run."
             )
         self._handlers[pattern] = func
-        resolve_transport.cache_clear()
+        _clear_caches()
 
     def unregister(self, pattern: str) -> None:
         self._handlers.pop(pattern, None)
-        resolve_transport.cache_clear()
+        _clear_caches()
 
     def find(self, topic: str) -> Handler | None:
         exact = self._handlers.get(topic)
@@ -94,9 +94,49 @@ def resolve_transport(topic: str) -> str:
     )
 
 
+@functools.lru_cache(maxsize=4096)
+def sending_transport(topic: str) -> str:
+    """``resolve_transport()`` for ``send()``: also refuses a topic whose transport cannot be loaded.
+
+    ``manage.py check`` reports such a transport (E011) and no worker starts with it, so a message
+    written for it would wait for a deploy that fixes the path. Cached per topic, as
+    ``resolve_transport()`` is, so the common send pays one cache lookup.
+    """
+    name = resolve_transport(topic)
+    error = _load_error(get_settings().TRANSPORTS[name].backend)
+    if error is not None:
+        raise OutboxImproperlyConfigured(
+            f"Topic {topic!r} is routed to transport {name!r}, which cannot be loaded: {error} "
+            "(django_outbox.E011; run 'manage.py check'). Nothing was written."
+        )
+    return name
+
+
+@functools.lru_cache(maxsize=64)
+def _load_error(backend: str) -> str | None:
+    """Why the transport class at ``backend`` cannot be loaded, or None: imported once per setting."""
+    from .transports.registry import transport_class  # the transports import models, routing must not
+
+    try:
+        transport_class(backend)
+    except MissingExtraError:
+        # A process that only sends need not install the transport's own dependencies (an image for web
+        # servers without the broker client); the workers' check reports it (E012) and they do not start.
+        return None
+    except OutboxImproperlyConfigured as exc:
+        return str(exc)
+    return None
+
+
+def _clear_caches() -> None:
+    resolve_transport.cache_clear()
+    sending_transport.cache_clear()
+    _load_error.cache_clear()
+
+
 def _clear_on_setting_change(*, setting: str, **kwargs: object) -> None:
     if setting == "OUTBOX":
-        resolve_transport.cache_clear()
+        _clear_caches()
 
 
 setting_changed.connect(_clear_on_setting_change, dispatch_uid="django_outbox.routing")

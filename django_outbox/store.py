@@ -357,6 +357,11 @@ def _insert_sql(pg: bool, *, keyed: bool, idempotent: bool, notify: bool) -> str
     return sql
 
 
+def _as_read(value: dt.datetime) -> dt.datetime:
+    """A time as the database hands it back: in UTC, or naive in ``TIME_ZONE`` under ``USE_TZ = False``."""
+    return value.astimezone(dt.UTC) if settings.USE_TZ else value
+
+
 def _new_message(alias: str, message_id: int, new: NewMessage) -> Message:
     """The row just inserted, built from what was sent rather than read back: ``RETURNING`` every column
     and converting it cost about 80 µs per ``send()`` (docs/performance.md). JSON is decoded from the
@@ -372,8 +377,8 @@ def _new_message(alias: str, message_id: int, new: NewMessage) -> Message:
         "status": PENDING,
         "attempts": 0,
         "max_attempts": new.max_attempts,
-        "available_at": new.available_at.astimezone(dt.UTC),
-        "created_at": new.created_at.astimezone(dt.UTC),
+        "available_at": _as_read(new.available_at),
+        "created_at": _as_read(new.created_at),
         "delivered_at": None,
         "locked_by": None,
         "locked_until": None,

@@ -9,7 +9,7 @@ from django.db import IntegrityError, transaction
 from django.test import override_settings
 from django.utils import timezone
 
-from django_outbox import PayloadTooLargeError, UnknownTopicError, outbox
+from django_outbox import IdempotencyConflictError, PayloadTooLargeError, UnknownTopicError, outbox
 from django_outbox.models import Message
 from testproject.shop.models import Order
 
@@ -115,12 +115,24 @@ def test_route_makes_a_topic_known():
 def test_idempotency_key_returns_the_existing_message_without_breaking_the_transaction():
     with transaction.atomic():
         first = outbox.send("probe.created", {"n": 1}, idempotency_key="order-1")
-        second = outbox.send("probe.created", {"n": 2}, idempotency_key="order-1")
+        second = outbox.send("probe.created", {"n": 1}, idempotency_key="order-1")
         # no IntegrityError was raised, and the transaction can go on
         Order.objects.create(customer_email="a@example.com", item="mug")
     assert second.pk == first.pk
     assert second.payload == {"n": 1}
     assert Message.objects.count() == 1
+    assert Order.objects.count() == 1
+
+
+def test_idempotency_key_with_another_payload_is_a_conflict_that_leaves_the_transaction_usable():
+    """It silently returned the first message, where the HTTP side answers 422 for the same mistake."""
+    with transaction.atomic():
+        first = outbox.send("probe.created", {"n": 1}, idempotency_key="order-1")
+        with pytest.raises(IdempotencyConflictError, match="'order-1' already belongs to message") as raised:
+            outbox.send("probe.created", {"n": 2}, idempotency_key="order-1")
+        Order.objects.create(customer_email="a@example.com", item="mug")
+    assert raised.value.existing.pk == first.pk
+    assert list(Message.objects.values_list("payload", flat=True)) == [{"n": 1}]
     assert Order.objects.count() == 1
 
 
@@ -208,3 +220,14 @@ def test_without_time_zones_available_at_takes_naive_times():
         message = outbox.send("orders.created", {"n": 1}, available_at=later)
     message.refresh_from_db()
     assert message.available_at == later
+
+
+@override_settings(USE_TZ=False)
+def test_without_time_zones_delays_and_far_times_are_checked_too():
+    with transaction.atomic():
+        message = outbox.send("orders.created", {"n": 1}, delay=60)
+    assert timezone.is_naive(message.available_at)
+    with pytest.raises(ValueError, match="9999"):
+        outbox.send("orders.created", {"n": 2}, delay=dt.timedelta(days=365 * 9000))
+    with pytest.raises(ValueError, match="9999"):
+        outbox.send("orders.created", {"n": 3}, available_at=dt.datetime.max)

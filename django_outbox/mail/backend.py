@@ -18,6 +18,7 @@ from django.db import transaction
 
 from ..api import outbox
 from ..conf import EMAIL_TOPIC, get_settings
+from ..exceptions import IdempotencyConflictError
 from ..redaction import PASSWORD_RESET, sent_by_password_reset_form
 from .links import IDEMPOTENCY_PREFIX, find_view_id, new_view_id
 from .payload import header, html_of, to_payload
@@ -65,12 +66,15 @@ class EmailBackend(BaseEmailBackend):
             payload["view_id"] = view_id
         key = None if view_id is None else IDEMPOTENCY_PREFIX + view_id
         alias = self.using if self.using is not None else get_settings().DATABASE
-        if self.fail_silently:
-            # A savepoint, so a failed write that is swallowed leaves the caller's transaction usable.
-            with transaction.atomic(using=alias):
+        try:
+            if self.fail_silently:
+                # A savepoint, so a failed write that is swallowed leaves the caller's transaction usable.
+                with transaction.atomic(using=alias):
+                    stored = outbox.send(EMAIL_TOPIC, payload, idempotency_key=key, using=alias)
+            else:
                 stored = outbox.send(EMAIL_TOPIC, payload, idempotency_key=key, using=alias)
-        else:
-            stored = outbox.send(EMAIL_TOPIC, payload, idempotency_key=key, using=alias)
+        except IdempotencyConflictError as exc:  # the link's key is taken: the same email or another one?
+            stored = exc.existing
         if header(stored.payload, "Message-ID") != header(payload, "Message-ID"):
             raise ReusedBrowserLinkError(
                 f"This email's view-in-browser link already belongs to outbox message {stored.uuid} "

@@ -5,6 +5,7 @@ and including this number; ``fail_rate`` fail at random with this probability; `
 PermanentDeliveryError; ``always_fail`` raise every time.
 """
 
+import json
 import os
 import random
 import time
@@ -40,3 +41,10 @@ def probe(message: Message) -> None:
         attempt=message.attempts,
         pid=os.getpid(),
     )
+
+
+@outbox.handler("echo.*")
+def echo(message: Message) -> None:
+    """Append what the handler received to the file named by ``OUTBOX_TEST_ECHO`` (one JSON line each)."""
+    with open(os.environ["OUTBOX_TEST_ECHO"], "a", encoding="utf-8") as out:
+        out.write(json.dumps({"id": message.id, "payload": message.payload}) + "\n")
