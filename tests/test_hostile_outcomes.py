@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import datetime as dt
 import math
+import signal
 import sys
 from collections.abc import Sequence
 from typing import Any
@@ -25,6 +26,7 @@ from django_outbox.relay import MAX_DELAY_SECONDS, Relay, RelayConfig, backoff_s
 from django_outbox.transports.base import BatchTransport
 from tests.probe.models import Delivery
 
+from .conftest import wait_for
 from .servers import HTTPServer, Reply
 
 pytestmark = pytest.mark.django_db(transaction=True)
@@ -290,3 +292,52 @@ def test_an_outcome_that_cannot_be_recorded_fails_alone(monkeypatch):
     assert "could not be recorded" in bad.last_error
     assert_rest_of_batch_delivered(relay, [m for m in sent if m.pk != bad.pk])
     assert relay.stats.delivered == 4 and relay.stats.failed == 1
+
+
+# --- a real worker process -----------------------------------------------------------------------------
+
+
+def test_a_real_worker_process_survives_every_hostile_retry_after(server, worker_process):
+    """``manage.py outbox_worker`` against a receiver answering 503 with each hostile ``Retry-After``: it
+    records every attempt, keeps delivering the rest, and stops cleanly when asked."""
+    server.replies = [Reply(status=503, headers={"Retry-After": value}) for value in HOSTILE_RETRY_AFTER]
+    server.default = Reply(status=503, headers={"Retry-After": HOSTILE_RETRY_AFTER[-1]})
+    # tests/settings.py routes orders.created to the shop's webhook transport, whose URL this sets; five
+    # attempts, and backoff (so Retry-After too) capped at 0.5 s: the hostile messages go dead quickly
+    hostile = [outbox.send("orders.created", {"id": n}) for n in range(len(HOSTILE_RETRY_AFTER))]
+    others = batch_around(hostile[0])
+    worker = worker_process("--poll-interval", "0.2", "--concurrency", "1", env={"SHOP_WEBHOOK_URL": server.url()})
+    ids = [m.pk for m in hostile]
+    wait_for(lambda: Message.objects.filter(pk__in=ids, status=Message.Status.DEAD).count() == len(ids), timeout=60)
+    assert worker.proc.poll() is None, "the worker must stay alive"
+    for message in hostile:
+        message.refresh_from_db()
+        attempts = list(message.attempt_log.order_by("number").values_list("number", "outcome", "error"))
+        assert [(n, outcome) for n, outcome, _ in attempts] == [(n, "failed") for n in range(1, 6)]
+        assert all("HTTP 503" in error for _, _, error in attempts)
+        assert message.available_at < timezone.now() + dt.timedelta(seconds=1)
+    wait_for(lambda: Delivery.objects.filter(message_id__in=[m.pk for m in others]).count() == len(others))
+    worker.send_signal(signal.SIGTERM)
+    code, output = worker.wait(timeout=60)
+    assert code == 0, output
+    assert "Traceback" not in output and "OverflowError" not in output, output
+    assert len(server.requests) == 5 * len(hostile)
+
+
+@pytest.mark.parametrize(
+    "value",
+    [float("nan"), float("inf"), -1, "600", True, 10**400, 10**5000, [600]],
+    ids=["nan", "inf", "negative", "text", "bool", "int-beyond-float", "int-beyond-str", "list"],
+)
+def test_retry_after_max_seconds_must_be_a_finite_number(settings, value):
+    settings.OUTBOX = {"RETRY_AFTER_MAX_SECONDS": value}
+    (problem,) = conf.problems()
+    assert problem.id == "django_outbox.E003"
+    assert "RETRY_AFTER_MAX_SECONDS" in problem.msg and "finite number" in problem.msg
+
+
+@pytest.mark.parametrize("value", [None, 0, 0.5, 600, 86400 * 30])
+def test_retry_after_max_seconds_accepts_none_and_numbers(settings, value):
+    settings.OUTBOX = {"RETRY_AFTER_MAX_SECONDS": value}
+    assert conf.problems() == ()
+    assert conf.get_settings().RETRY_AFTER_MAX_SECONDS == (None if value is None else float(value))
