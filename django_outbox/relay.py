@@ -35,7 +35,7 @@ from .doorbell import Doorbell
 from .exceptions import DeliveryError, PermanentDeliveryError
 from .models import Message
 from .routing import resolve_transport
-from .timeouts import BoundedCaller
+from .timeouts import BoundedCaller, time_limit
 from .transports.base import checked_results
 from .transports.registry import TransportSet
 from .wakeup import Listener
@@ -505,10 +505,11 @@ class Relay:
             transport = transports.get(resolve_transport(group[0].topic))
 
             def call() -> Sequence[BaseException | None]:
-                if len(group) == 1:
-                    transport.deliver(group[0])
-                    return [None]
-                return checked_results(transport, group, transport.deliver_batch(group))
+                with time_limit(self.config.handler_timeout):  # lets an async handler be cancelled in time
+                    if len(group) == 1:
+                        transport.deliver(group[0])
+                        return [None]
+                    return checked_results(transport, group, transport.deliver_batch(group))
 
             caller = self._caller()
             if caller is None:

@@ -5,6 +5,7 @@ and including this number; ``fail_rate`` fail at random with this probability; `
 PermanentDeliveryError; ``always_fail`` raise every time.
 """
 
+import asyncio
 import os
 import random
 import time
@@ -33,6 +34,24 @@ def probe(message: Message) -> None:
     if payload.get("fail_rate") and random.random() < float(payload["fail_rate"]):
         raise ProbeFailure("probe: random failure")
     Delivery.objects.create(
+        message_id=message.id,
+        message_uuid=message.uuid,
+        topic=message.topic,
+        key=message.key or "",
+        attempt=message.attempts,
+        pid=os.getpid(),
+    )
+
+
+@outbox.handler("asyncprobe.*")
+async def async_probe(message: Message) -> None:
+    """The same script for an ``async def`` handler, which writes through the async ORM."""
+    payload = message.payload if isinstance(message.payload, dict) else {}
+    if payload.get("sleep"):
+        await asyncio.sleep(float(payload["sleep"]))
+    if payload.get("always_fail"):
+        raise ProbeFailure("async probe: failure requested")
+    await Delivery.objects.acreate(
         message_id=message.id,
         message_uuid=message.uuid,
         topic=message.topic,
