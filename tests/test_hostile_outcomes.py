@@ -12,10 +12,12 @@ import datetime as dt
 import math
 import signal
 import sys
+import time
 from collections.abc import Sequence
 from typing import Any
 
 import pytest
+from django.db import DataError
 from django.utils import timezone
 from hypothesis import given
 from hypothesis import strategies as st
@@ -273,22 +275,27 @@ def test_a_batch_transport_that_breaks_its_contract_fails_its_own_messages_only(
 # --- the record step ---------------------------------------------------------------------------------
 
 
-def test_an_outcome_that_cannot_be_recorded_fails_alone(monkeypatch):
+@pytest.mark.parametrize("error", [TypeError, DataError], ids=["TypeError", "DataError"])
+def test_an_outcome_that_cannot_be_recorded_fails_alone(monkeypatch, error):
     """An unexpected error (not a database outage) while recording one message's outcome: the others of
-    its batch are recorded, the worker goes on, and that message gets a recorded failed attempt."""
+    its batch are recorded, the worker goes on, and that message gets a recorded failed attempt. A
+    ``DataError`` says the data is wrong, not that the database is away: it is not ridden out as an
+    outage (which would hold the whole batch, then leave it to the reaper)."""
     sent = [outbox.send("probe.created", {"n": n}) for n in range(5)]
     bad = sent[2]
     real_record = store.record
 
     def record(alias: str, *, worker: str, outcomes: Sequence[store.Outcome]) -> set[int]:
         if any(o.message_id == bad.pk and o.status == store.DELIVERED for o in outcomes):
-            raise TypeError(f"cannot adapt the outcome of message {bad.pk}")
+            raise error(f"cannot adapt the outcome of message {bad.pk}")
         lost: set[int] = real_record(alias, worker=worker, outcomes=outcomes)
         return lost
 
     monkeypatch.setattr(store, "record", record)
+    started = time.monotonic()
     relay = run_one_batch()
-    assert_failed_once(bad, error=f"TypeError: cannot adapt the outcome of message {bad.pk}", retry_within=30)
+    assert time.monotonic() - started < 30, "no outage back-off for an error in the data"
+    assert_failed_once(bad, error=f"{error.__name__}: cannot adapt the outcome of message {bad.pk}", retry_within=30)
     assert "could not be recorded" in bad.last_error
     assert_rest_of_batch_delivered(relay, [m for m in sent if m.pk != bad.pk])
     assert relay.stats.delivered == 4 and relay.stats.failed == 1
