@@ -348,3 +348,18 @@ def test_retry_after_max_seconds_accepts_none_and_numbers(settings, value):
     settings.OUTBOX = {"RETRY_AFTER_MAX_SECONDS": value}
     assert conf.problems() == ()
     assert conf.get_settings().RETRY_AFTER_MAX_SECONDS == (None if value is None else float(value))
+
+
+def test_a_row_at_the_largest_attempt_count_is_claimed_and_goes_dead():
+    """A stored row whose attempts reached the column's maximum (2**31-1, e.g. retried without a reset
+    or edited by hand) made every claim fail on PostgreSQL with "integer out of range", which the
+    worker took for an outage: nothing was claimed any more. It is claimed once more and goes dead."""
+    stuck = outbox.send("probe.created", {"always_fail": True}, max_attempts=2**31 - 1)
+    Message.objects.filter(pk=stuck.pk).update(attempts=2**31 - 1)
+    others = batch_around(stuck)
+    relay = run_one_batch()
+    stuck.refresh_from_db()
+    assert stuck.status == Message.Status.DEAD
+    assert stuck.attempts == 2**31 - 1
+    assert stuck.attempt_log.get().number == 2**31 - 1
+    assert_rest_of_batch_delivered(relay, others)
