@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import datetime as dt
 import functools
+import math
 import reprlib
 from collections.abc import Mapping
 from dataclasses import dataclass, field
@@ -42,6 +43,8 @@ class OutboxSettings:
     MAX_ATTEMPTS: int = 10
     BACKOFF_BASE_SECONDS: float = 2.0
     BACKOFF_MAX_SECONDS: float = 3600.0
+    #: Longest wait a destination's ``Retry-After`` is honoured for; None: ``BACKOFF_MAX_SECONDS``.
+    RETRY_AFTER_MAX_SECONDS: float | None = None
     LEASE_SECONDS: float = 60.0
     POLL_INTERVAL_SECONDS: float = 5.0
     BATCH_SIZE: int = 100
@@ -254,6 +257,7 @@ def _parse(raw: object) -> tuple[OutboxSettings, list[Problem]]:
         else:
             values["HANDLER_TIMEOUT_SECONDS"] = float(timeout)
     problems += _parse_retention(raw, values)
+    problems += _parse_retry_after_max(raw, values)
 
     transports, transport_problems = _parse_transports(raw.get("TRANSPORTS", {}))
     problems += transport_problems
@@ -308,6 +312,34 @@ def _parse_retention(raw: Mapping[str, Any], values: dict[str, Any]) -> list[Pro
         else:
             values["HOUSEKEEPING_INTERVAL_SECONDS"] = float(value)
     return problems
+
+
+def _parse_retry_after_max(raw: Mapping[str, Any], values: dict[str, Any]) -> list[Problem]:
+    """RETRY_AFTER_MAX_SECONDS: None, or a finite number >= 0 (E003). A receiver's ``Retry-After`` is
+    capped there, so infinity (no cap) is refused: a hostile receiver could park a message forever."""
+    value = raw.get("RETRY_AFTER_MAX_SECONDS")
+    if value is None:
+        return []
+    number: float | None = None
+    if isinstance(value, int | float) and not isinstance(value, bool):
+        try:
+            number = float(value)
+        except OverflowError:  # an int beyond a float's range
+            number = None
+    if number is None or not math.isfinite(number) or number < 0:
+        try:
+            shown = repr(value)[:100]
+        except Exception:  # an int of more digits than str() converts, an object whose repr raises
+            shown = f"this {type(value).__name__}"
+        return [
+            Problem(
+                "django_outbox.E003",
+                f"OUTBOX['RETRY_AFTER_MAX_SECONDS'] must be a finite number of seconds >= 0 or None, not {shown}.",
+                "Example: 3600. None (the default) caps a receiver's Retry-After at BACKOFF_MAX_SECONDS.",
+            )
+        ]
+    values["RETRY_AFTER_MAX_SECONDS"] = number
+    return []
 
 
 def _duration(value: object) -> dt.timedelta | None:

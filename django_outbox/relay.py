@@ -11,8 +11,10 @@ Threads:
 
 from __future__ import annotations
 
+import dataclasses
 import datetime as dt
 import logging
+import math
 import os
 import random
 import secrets
@@ -24,22 +26,26 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Literal
 
-from django.db import DatabaseError, connections
+from django.db import DatabaseError, DataError, IntegrityError, NotSupportedError, ProgrammingError, connections
 from django.utils import timezone
 
 from . import signals, store
-from .conf import get_settings
+from .conf import OutboxSettings, get_settings
 from .doorbell import Doorbell
 from .exceptions import DeliveryError, PermanentDeliveryError
 from .models import Message
 from .routing import resolve_transport
-from .timeouts import BoundedCaller
+from .timeouts import BoundedCaller, time_limit
+from .transports.base import checked_results
 from .transports.registry import TransportSet
 from .wakeup import Listener
 
 logger = logging.getLogger("django_outbox.relay")
 
 ERROR_MAX_CHARS = 4000
+#: Database errors that say what was sent is wrong, not that the database is away: retrying the same
+#: outcomes cannot help, so they are not ridden out as an outage (``Relay._store``).
+_DATA_ERRORS = (DataError, IntegrityError, ProgrammingError, NotSupportedError)
 
 
 def new_worker_id() -> str:
@@ -110,21 +116,80 @@ class Stats:
         return self.delivered / elapsed if elapsed > 0 else 0.0
 
 
-def backoff_seconds(attempt: int, *, base: float, cap: float, retry_after: float | None = None) -> float:
-    """Capped exponential backoff with jitter (half fixed, half random), at least ``retry_after``."""
-    ceiling = min(cap, base * (2 ** max(attempt - 1, 0)))
+#: The longest retry delay the relay ever computes, whatever the settings, the attempt number or a
+#: destination's ``Retry-After`` say: ten years, beyond any sensible cap and far inside what a datetime
+#: and the databases hold, so that ``finished + timedelta(seconds=delay)`` cannot overflow.
+MAX_DELAY_SECONDS = 10 * 365.25 * 24 * 3600.0
+#: Beyond this the exponential part stops growing: ``2.0 ** 1024`` overflows a float, while any base
+#: times ``2.0 ** 1023`` is a float (or infinity), which the cap then bounds.
+_MAX_EXPONENT = 1023
+
+
+def _seconds(value: object) -> float | None:
+    """A number of seconds clamped into [0, MAX_DELAY_SECONDS]; None for NaN and for what is no number.
+
+    Settings, a transport's ``retry_after`` or a stored value may be anything (an int too big for a
+    float, infinity, a string): each is judged here, so the arithmetic after it cannot raise.
+    """
+    try:
+        number = float(value)  # type: ignore[arg-type]
+    except OverflowError:  # an int beyond a float's range: the far end of its sign
+        return MAX_DELAY_SECONDS if value > 0 else 0.0  # type: ignore[operator]
+    except (TypeError, ValueError):
+        return None
+    if math.isnan(number):
+        return None
+    return min(max(number, 0.0), MAX_DELAY_SECONDS)
+
+
+def backoff_seconds(
+    attempt: int,
+    *,
+    base: float,
+    cap: float,
+    retry_after: float | None = None,
+    retry_after_cap: float | None = None,
+) -> float:
+    """Capped exponential backoff with jitter (half fixed, half random), at least ``retry_after``.
+
+    ``retry_after`` (a destination's wish) is honoured up to ``retry_after_cap``. The result is finite
+    and within [0, MAX_DELAY_SECONDS] for any input: the exponent is capped before it is computed, NaN
+    and non-numbers fall back to the defaults (a NaN ``retry_after`` is ignored), infinities and
+    negatives are clamped. A worker must never die on a message because of the arithmetic of its retry.
+    """
+    defaults = OutboxSettings()
+    base_s = _seconds(base)
+    cap_s = _seconds(cap)
+    base_s = defaults.BACKOFF_BASE_SECONDS if base_s is None else base_s
+    cap_s = defaults.BACKOFF_MAX_SECONDS if cap_s is None else cap_s
+    exponent = min(max(attempt - 1, 0), _MAX_EXPONENT)
+    ceiling = min(cap_s, base_s * 2.0**exponent)
     delay = ceiling / 2 + random.uniform(0, ceiling / 2)
-    if retry_after is not None:
-        delay = max(delay, float(retry_after))
-    return float(delay)
+    wish = _seconds(retry_after)
+    if wish is not None:
+        wish_cap = MAX_DELAY_SECONDS if retry_after_cap is None else _seconds(retry_after_cap)
+        delay = max(delay, min(wish, cap_s if wish_cap is None else wish_cap))
+    return min(float(delay), MAX_DELAY_SECONDS)
+
+
+def _type_name(obj: object) -> str:
+    try:
+        return str(type(obj).__qualname__)
+    except Exception:  # a metaclass may hide even this
+        return "an exception"
 
 
 def describe_error(exc: BaseException) -> str:
     """The error and the tail of its traceback: what an operator needs, bounded in size.
 
     The text stays as the exception wrote it; ``store.record()`` escapes what the database cannot store.
+    It never raises: an exception whose ``__notes__`` (or anything else formatting reads) raises is
+    described by its type, since a failure to describe one attempt must not stop the worker.
     """
-    text = "".join(traceback.format_exception(exc, limit=-8)).strip()
+    try:
+        text = "".join(traceback.format_exception(exc, limit=-8)).strip()
+    except Exception as problem:
+        text = f"{_type_name(exc)} (the exception could not be formatted: {_type_name(problem)})"
     if len(text) > ERROR_MAX_CHARS:
         text = "...\n" + text[-ERROR_MAX_CHARS:]
     return text
@@ -406,12 +471,15 @@ class Relay:
                 outcomes += self._deliver_group(group, transports)
                 index += len(group)
         finally:
-            lost = self._record(outcomes)
+            recorded, lost = self._record(outcomes, batch)
             if unstarted:
                 self._release(unstarted)
             with self.stats.lock:
                 self.stats.in_flight -= len(batch)
-        self._announce(batch, outcomes, lost)
+        try:
+            self._announce(batch, recorded, lost)
+        except Exception:  # logging or a signal's plumbing failed: the outcomes are stored, go on
+            logger.exception("announcing the outcomes of a batch failed")
 
     @staticmethod
     def _transport_name(message: Message) -> str | None:
@@ -441,17 +509,20 @@ class Relay:
             transport = transports.get(resolve_transport(group[0].topic))
 
             def call() -> Sequence[BaseException | None]:
-                if len(group) == 1:
-                    transport.deliver(group[0])
-                    return [None]
-                return transport.deliver_batch(group)
+                with time_limit(self.config.handler_timeout):  # lets an async handler be cancelled in time
+                    if len(group) == 1:
+                        transport.deliver(group[0])
+                        return [None]
+                    return checked_results(transport, group, transport.deliver_batch(group))
 
             caller = self._caller()
             if caller is None:
                 results = call()
             else:  # a hung call leaves its transports to its abandoned thread, which closes them
                 results = caller.call(call, on_timeout=lambda: transports.detach().close)
-        except Exception as exc:
+        except KeyboardInterrupt:  # Ctrl-C in relay_all() (the caller's thread) stops it, as it should
+            raise
+        except BaseException as exc:  # SystemExit, CancelledError...: whatever a destination raises
             results = [exc] * len(group)
         finished = timezone.now()
         return [
@@ -479,7 +550,8 @@ class Relay:
             self._local.caller = None
 
     def _failure(self, message: Message, exc: BaseException, started: dt.datetime) -> store.Outcome:
-        conf = get_settings()
+        """The failed attempt to record, for any exception: building it must not raise (nothing else
+        would record this message's outcome, and the rest of its batch would wait for the reaper)."""
         error = describe_error(exc)
         finished = timezone.now()
         if isinstance(exc, PermanentDeliveryError) or message.attempts >= message.max_attempts:
@@ -491,12 +563,7 @@ class Relay:
                 finished_at=finished,
                 error=error,
             )
-        delay = backoff_seconds(
-            message.attempts,
-            base=conf.BACKOFF_BASE_SECONDS,
-            cap=conf.BACKOFF_MAX_SECONDS,
-            retry_after=exc.retry_after if isinstance(exc, DeliveryError) else None,
-        )
+        delay = self._retry_delay(message, exc)
         return store.Outcome(
             message_id=message.id,
             number=message.attempts,
@@ -507,28 +574,48 @@ class Relay:
             retry_at=finished + dt.timedelta(seconds=delay),
         )
 
-    def _record(self, outcomes: Sequence[store.Outcome]) -> set[int]:
-        """Store outcomes, riding out a database outage: a late record is still fenced, so it is safe."""
+    @staticmethod
+    def _retry_delay(message: Message, exc: BaseException) -> float:
+        """Seconds until the retry, bounded (``backoff_seconds``); a destination's ``retry_after`` is
+        honoured up to ``RETRY_AFTER_MAX_SECONDS``. Settings that cannot be read now, or a
+        ``retry_after`` that raises when read, give the default backoff rather than no outcome."""
+        try:
+            conf = get_settings()
+            base, cap = conf.BACKOFF_BASE_SECONDS, conf.BACKOFF_MAX_SECONDS
+            retry_after_cap = conf.RETRY_AFTER_MAX_SECONDS
+        except Exception:
+            logger.exception("OUTBOX settings unreadable while scheduling a retry; using the default backoff")
+            defaults = OutboxSettings()
+            base, cap, retry_after_cap = defaults.BACKOFF_BASE_SECONDS, defaults.BACKOFF_MAX_SECONDS, None
+        try:
+            retry_after = exc.retry_after if isinstance(exc, DeliveryError) else None
+        except Exception:
+            retry_after = None  # a property that raises: no wish to honour
+        return backoff_seconds(
+            message.attempts,
+            base=base,
+            cap=cap,
+            retry_after=retry_after,
+            retry_after_cap=cap if retry_after_cap is None else retry_after_cap,
+        )
+
+    def _record(
+        self, outcomes: Sequence[store.Outcome], batch: Sequence[Message]
+    ) -> tuple[Sequence[store.Outcome], set[int]]:
+        """Store the outcomes; returns them as stored, and the ids whose lease was lost.
+
+        A database outage is ridden out (``_store``). Any other error means something in the outcomes
+        could not be stored: they are then stored one by one, and one that still fails is replaced by a
+        failed attempt that says why (``_unrecordable``), so one message cannot keep the others of its
+        batch leased until the reaper, nor itself forever.
+        """
         if not outcomes:
-            return set()
-        cfg = self.config
-        give_up_at = time.monotonic() + max(2 * cfg.lease_seconds, 60.0)
-        failures = 0
-        while True:
-            try:
-                lost = store.record(cfg.database, worker=cfg.worker_id, outcomes=outcomes)
-                break
-            except DatabaseError as exc:
-                failures += 1
-                if time.monotonic() > give_up_at or self._halt.is_set():
-                    logger.error(
-                        "could not record %d outcomes (%s); their leases will expire and the "
-                        "messages will be delivered again",
-                        len(outcomes),
-                        exc,
-                    )
-                    return {o.message_id for o in outcomes}
-                self._database_down(exc, failures)
+            return outcomes, set()
+        try:
+            lost = self._store(outcomes)
+        except Exception:
+            logger.exception("could not record %d outcomes at once; recording them one by one", len(outcomes))
+            outcomes, lost = self._record_one_by_one(outcomes, batch)
         with self.stats.lock:
             for o in outcomes:
                 if o.message_id in lost:
@@ -541,7 +628,67 @@ class Relay:
                     self.stats.failed += 1
         if lost:
             logger.warning("lease lost for messages %s before their outcome was recorded", sorted(lost))
-        return lost
+        return outcomes, lost
+
+    def _store(self, outcomes: Sequence[store.Outcome]) -> set[int]:
+        """``store.record()``, riding out a database outage: a late record is still fenced, so it is safe.
+
+        Errors that say the data is wrong rather than the database away are raised to the caller.
+        """
+        cfg = self.config
+        give_up_at = time.monotonic() + max(2 * cfg.lease_seconds, 60.0)
+        failures = 0
+        while True:
+            try:
+                return store.record(cfg.database, worker=cfg.worker_id, outcomes=outcomes)
+            except _DATA_ERRORS:
+                raise
+            except DatabaseError as exc:
+                failures += 1
+                if time.monotonic() > give_up_at or self._halt.is_set():
+                    logger.error(
+                        "could not record %d outcomes (%s); their leases will expire and the "
+                        "messages will be delivered again",
+                        len(outcomes),
+                        exc,
+                    )
+                    return {o.message_id for o in outcomes}
+                self._database_down(exc, failures)
+
+    def _record_one_by_one(
+        self, outcomes: Sequence[store.Outcome], batch: Sequence[Message]
+    ) -> tuple[list[store.Outcome], set[int]]:
+        by_id = {m.id: m for m in batch}
+        stored: list[store.Outcome] = []
+        lost: set[int] = set()
+        for outcome in outcomes:
+            try:
+                lost |= self._store([outcome])
+                stored.append(outcome)
+                continue
+            except Exception as exc:
+                substitute = self._unrecordable(outcome, by_id[outcome.message_id], exc)
+            try:
+                lost |= self._store([substitute])
+                stored.append(substitute)
+            except Exception:
+                logger.exception(
+                    "could not record even a failed attempt for message #%d; its lease will expire and the "
+                    "reaper will requeue it",
+                    outcome.message_id,
+                )
+                lost.add(outcome.message_id)
+                stored.append(outcome)
+        return stored, lost
+
+    def _unrecordable(self, outcome: store.Outcome, message: Message, exc: BaseException) -> store.Outcome:
+        """A failed attempt in place of an outcome the store refused: retried (or dead) like any failure."""
+        failure = self._failure(message, exc, outcome.started_at)
+        note = (
+            f"the outcome of this attempt ({outcome.attempt_outcome}) could not be recorded, so it is "
+            "recorded as failed and the message will be retried (it may have been delivered already):"
+        )
+        return dataclasses.replace(failure, error=f"{note}\n{failure.error}")
 
     def _release(self, message_ids: list[int]) -> None:
         try:

@@ -474,7 +474,7 @@ def _claim_text(pg: bool, topic_sql: str, blocking: tuple[str, ...]) -> str:
     set_lease = f"status = {processing}, locked_by = %s, locked_until = %s"
     if not pg:
         return (
-            f"UPDATE {MESSAGE} SET {set_lease}, attempts = attempts + 1"
+            f"UPDATE {MESSAGE} SET {set_lease}, attempts = {_next_attempt('attempts')}"
             f" WHERE id IN (SELECT c.id FROM {MESSAGE} AS c WHERE c.status = {pending} AND c.available_at <= %s"
             f"{topic_sql} AND (c.key IS NULL OR {head}) ORDER BY c.id LIMIT %s) RETURNING {COLUMNS}, 0"
         )
@@ -493,11 +493,22 @@ def _claim_text(pg: bool, topic_sql: str, blocking: tuple[str, ...]) -> str:
         f" <= (SELECT pg_snapshot_xmin(pg_current_snapshot())::text::bigint) AND {head}))"
         f" ORDER BY c.id LIMIT %s FOR UPDATE OF c SKIP LOCKED),"
         f" claimed AS (UPDATE {MESSAGE} AS m SET {set_lease},"
-        f" attempts = m.attempts + 1 FROM picked WHERE m.id = picked.id"
+        f" attempts = {_next_attempt('m.attempts')} FROM picked WHERE m.id = picked.id"
         f" RETURNING {', '.join('m.' + c for c in _COLUMN_NAMES)})"
         f" SELECT claimed.*, (SELECT count(*) FROM fence)"
         f" FROM (SELECT 1) AS one LEFT JOIN claimed ON true"
     )
+
+
+#: The attempt counter stops at the integer column's largest value: past it, ``attempts + 1`` failed the
+#: whole claim on PostgreSQL ("integer out of range"), so one row kept every worker from claiming
+#: anything. A message claimed at this count has used up any ``max_attempts`` and goes dead.
+ATTEMPTS_MAX = 2**31 - 1
+
+
+def _next_attempt(column: str) -> str:
+    """The claim's new attempt count; a CASE, since ``LEAST(attempts + 1, ...)`` overflows before LEAST."""
+    return f"CASE WHEN {column} < {ATTEMPTS_MAX} THEN {column} + 1 ELSE {column} END"
 
 
 #: Keyed rows one claim stamps at most; each is stamped once in its life.

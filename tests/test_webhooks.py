@@ -106,7 +106,9 @@ def test_retryable_statuses_are_retried(hooks, server, status):
     assert "upstream is having a bad day" in message.last_error
 
 
-def test_retry_after_is_honoured(hooks, server):
+def test_retry_after_is_honoured(settings, hooks, server):
+    # tests/settings.py caps backoff at 0.5 s, and a Retry-After at that unless RETRY_AFTER_MAX_SECONDS says
+    settings.OUTBOX = {**settings.OUTBOX, "RETRY_AFTER_MAX_SECONDS": 600}
     server.replies = [Reply(status=429, headers={"Retry-After": "120"})]
     message = outbox.send("orders.created", {"id": 1})
     relay()

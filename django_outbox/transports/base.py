@@ -74,9 +74,38 @@ class BatchTransport(BaseTransport):
     """
 
     def deliver(self, message: Message) -> None:
-        (result,) = self.deliver_batch([message])
+        (result,) = checked_results(self, [message], self.deliver_batch([message]))
         if result is not None:
             raise result
 
     def deliver_batch(self, messages: Sequence[Message]) -> list[BaseException | None]:
         raise NotImplementedError(f"{type(self).__name__} must implement deliver_batch()")
+
+
+def checked_results(
+    transport: BaseTransport, messages: Sequence[Message], results: object
+) -> list[BaseException | None]:
+    """``deliver_batch()``'s results, held to its contract: one per message, each None or an exception.
+
+    A transport that returns too few results, or a value that is neither, fails the messages it was
+    given with an error that names it, rather than the worker that called it.
+    """
+    name = f"{type(transport).__module__}.{type(transport).__qualname__}"
+    try:
+        checked = list(results)  # type: ignore[call-overload]
+    except Exception as exc:
+        raise TypeError(f"{name}.deliver_batch() returned {type(results).__name__}, not a list of results") from exc
+    if len(checked) != len(messages):
+        raise TypeError(
+            f"{name}.deliver_batch() returned {len(checked)} results for {len(messages)} messages; "
+            "it must return one per message, None for delivered or the exception that failed it"
+        )
+    return [
+        result
+        if result is None or isinstance(result, BaseException)
+        else TypeError(
+            f"{name}.deliver_batch() returned a {type(result).__name__} for message #{message.id}; "
+            "a result is None (delivered) or the exception that failed the message"
+        )
+        for message, result in zip(messages, checked, strict=True)
+    ]

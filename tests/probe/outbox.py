@@ -5,6 +5,7 @@ and including this number; ``fail_rate`` fail at random with this probability; `
 PermanentDeliveryError; ``always_fail`` raise every time.
 """
 
+import asyncio
 import json
 import os
 import random
@@ -48,3 +49,21 @@ def echo(message: Message) -> None:
     """Append what the handler received to the file named by ``OUTBOX_TEST_ECHO`` (one JSON line each)."""
     with open(os.environ["OUTBOX_TEST_ECHO"], "a", encoding="utf-8") as out:
         out.write(json.dumps({"id": message.id, "payload": message.payload}) + "\n")
+
+
+@outbox.handler("asyncprobe.*")
+async def async_probe(message: Message) -> None:
+    """The same script for an ``async def`` handler, which writes through the async ORM."""
+    payload = message.payload if isinstance(message.payload, dict) else {}
+    if payload.get("sleep"):
+        await asyncio.sleep(float(payload["sleep"]))
+    if payload.get("always_fail"):
+        raise ProbeFailure("async probe: failure requested")
+    await Delivery.objects.acreate(
+        message_id=message.id,
+        message_uuid=message.uuid,
+        topic=message.topic,
+        key=message.key or "",
+        attempt=message.attempts,
+        pid=os.getpid(),
+    )
