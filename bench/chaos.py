@@ -720,7 +720,7 @@ def _duplicate_reason(outcomes: list[tuple[str, str]]) -> str | None:
     if any("timed out" in e for _, e in outcomes):
         return "timed out, the abandoned call completed later"
     if any(o == "failed" for o, _ in outcomes):
-        return "failed after the handler's write had committed (connection dropped)"
+        return "failed after the destination had it (the consumer raised after receiving it, or the connection dropped)"
     return None
 
 
