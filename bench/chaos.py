@@ -74,10 +74,19 @@ ACCOUNTS = 10  # the consumer's effect moves one of these balances
 # Faults for the consumer (bench/chaos_consumer/outbox.py), by a producer's message number modulo 1000.
 FAULT_EVERY = 1000
 FAULTS = {10: "kill_in_transaction", 30: "kill_after_commit", 50: "raise_in_transaction", 70: "raise_after_commit"}
-WORKER_OPTIONS = ("--lease", LEASE, "--poll-interval", "0.5", "--handler-timeout", HANDLER_TIMEOUT)
-# On SQLite (one delivery thread per worker, one writer at a time) a batch of 50 takes longer than the
-# time between two kills, which prefer busy workers: smaller batches, so that work gets done between them.
-BATCH_SIZE = {"postgresql": "50", "sqlite": "10"}
+# Batches of 10: the normal messages have 50 ordering keys, and a claim takes only the head of each key, so
+# a batch of 50 let one delivery thread hold every key while the others idled; on a loaded machine such a
+# batch took longer than the 2 to 4 s between two kills (which prefer busy workers), and little got done.
+WORKER_OPTIONS = (
+    "--lease",
+    LEASE,
+    "--batch-size",
+    "10",
+    "--poll-interval",
+    "0.5",
+    "--handler-timeout",
+    HANDLER_TIMEOUT,
+)
 
 
 def log(text: str) -> None:
@@ -259,10 +268,7 @@ class Run:
         with open(self.workdir / f"worker-{self.worker_serial}.log", "wb") as logfile:  # the child keeps a copy
             self.workers.append(
                 subprocess.Popen(
-                    [
-                        *(sys.executable, str(ROOT / "manage.py"), "outbox_worker", *WORKER_OPTIONS),
-                        *("--batch-size", BATCH_SIZE[self.args.database]),
-                    ],
+                    [sys.executable, str(ROOT / "manage.py"), "outbox_worker", *WORKER_OPTIONS],
                     cwd=ROOT,
                     env=self.env,
                     stdout=logfile,

@@ -22,7 +22,7 @@ from bench.chaos import audit_effects
 
 from .conftest import ROOT
 
-SMALLEST = ("--messages", "100", "--duration", "3", "--producers", "1", "--workers", "2", "--timeout", "120")
+SMALLEST = ("--messages", "100", "--duration", "3", "--producers", "1", "--workers", "2", "--timeout", "240")
 
 
 def run_chaos(tmp_path: Path, *options: str) -> tuple[subprocess.CompletedProcess[str], dict[str, Any]]:
@@ -33,7 +33,7 @@ def run_chaos(tmp_path: Path, *options: str) -> tuple[subprocess.CompletedProces
         env={k: v for k, v in os.environ.items() if k != "DJANGO_SETTINGS_MODULE"},
         capture_output=True,
         text=True,
-        timeout=200,
+        timeout=280,
     )
     figures = json.loads(output.read_text()) if output.exists() else {}
     return run, figures
