@@ -308,6 +308,9 @@ class Run:
         """SIGKILL a worker, preferring one that holds claimed messages right now, and start another."""
         busy = _busy_pids()
         victim = random.choice([w for w in self.workers if w.pid in busy] or self.workers)
+        if victim.poll() is not None:  # it killed itself (a consumer fault) meanwhile: count it as such
+            self.replace_exited()
+            return
         victim.send_signal(signal.SIGKILL)
         victim.wait(timeout=30)
         self.workers.remove(victim)
