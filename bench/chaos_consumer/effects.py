@@ -5,8 +5,8 @@ The effect is one ``Effect`` row and an ``Account`` balance increment, written i
 With ``CHAOS_CONSUMER_INBOX=0`` the same writes run in a plain ``transaction.atomic()`` instead: the
 consumer one might write without the inbox, which the run must catch applying effects twice.
 
-A message's payload may carry a ``fault``, which strikes once, at the first delivery of the message that
-reaches a consumer (``armed``):
+A message's payload may carry a ``fault``, which strikes once, the first time a delivery of the message
+reaches the fault's point in a consumer (``armed``: not in the fault log yet):
 
 - ``kill_in_transaction``: SIGKILL after the effect's writes, before the commit;
 - ``kill_after_commit``: SIGKILL after the commit, before the delivery is acknowledged (the worker's
@@ -15,7 +15,7 @@ reaches a consumer (``armed``):
 - ``raise_after_commit``: raise after the commit (the delivery fails although the effect stands).
 
 Each fault is logged to the file ``CHAOS_FAULT_LOG`` (one line, written before it strikes), which the
-run counts, and which the stream consumer reads to strike each fault only once.
+run counts, and which the consumers read to strike each fault only once.
 """
 
 from __future__ import annotations

@@ -13,7 +13,7 @@ from django_outbox import outbox
 from django_outbox.models import Message
 from tests.probe.models import Delivery
 
-from .effects import ConsumerFailure, consume
+from .effects import ConsumerFailure, consume, faults_struck
 
 TOPIC = "chaos.consumer"
 
@@ -27,8 +27,9 @@ def handle(message: Message) -> None:
         raise ConsumerFailure("chaos consumer: failure requested")
     if payload.get("fail_rate") and random.random() < float(payload["fail_rate"]):
         raise ConsumerFailure("chaos consumer: random failure")
-    # The fault strikes at the first delivery that reaches the consumer, whatever attempt that is.
-    armed = "fault" in payload and not Delivery.objects.filter(message_id=message.id).exists()
+    # The fault strikes once, the first time a delivery reaches its point, whatever attempt that is: a
+    # delivery cut short before (the run killed this worker) leaves it armed for the next one.
+    armed = "fault" in payload and str(message.uuid) not in faults_struck()
     Delivery.objects.create(  # the raw delivery, committed on its own: what a consumer without dedupe sees
         message_id=message.id,
         message_uuid=message.uuid,

@@ -3,8 +3,7 @@ each entry only after its effect committed (effects.py).
 
 It reads its own pending entries first (``XREADGROUP ... 0``), so that after it was killed, or after
 a failure, the entries it had read but not acknowledged are read again; then new ones (``>``). A fault
-strikes once per message, at the first of its entries that reaches the effect (the fault log says
-whether it struck already).
+strikes once per message (effects.py).
 """
 
 from __future__ import annotations
