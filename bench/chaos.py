@@ -1,10 +1,11 @@
-"""Fault injection: many producers and workers, killed workers, a database restart, a broker outage.
+"""Fault injection: many producers and workers, killed workers and consumers, a database restart, a broker outage.
 
-    python bench/chaos.py [--quick] [--messages 20000] [--duration 60] [--broker redis]
+    python bench/chaos.py [--quick] [--messages 20000] [--duration 60] [--broker redis] [--database sqlite]
 
 Runs on a private PostgreSQL cluster that it creates (initdb in a temporary directory, its own port,
 run as the ``postgres`` user when started as root), restarts once mid-run with ``pg_ctl restart -m
 immediate``, and removes at the end, also after a failure or Ctrl-C. The shared server is never touched.
+With ``--database sqlite`` it runs on a SQLite file of its own instead (no restart: there is no server).
 
 Producer processes send ``--messages`` messages over ``--duration`` seconds, in transactions of ten, each
 with an idempotency key: a transaction that fails (the database restarts) is retried with the same keys,
@@ -12,15 +13,22 @@ so a commit whose outcome was unknown is never doubled, and "sent" counts exactl
 One transaction in twenty sends and then rolls back, to show it leaves nothing. Among the messages,
 "poison" ones always fail (``max_attempts=3``) and "hung" ones sleep 600 s (``max_attempts=2``, bounded by
 ``HANDLER_TIMEOUT_SECONDS=2``): those, and only those, must end dead. The rest fail 10% of attempts at
-random, and must all be delivered. The probe handler (tests/probe) records each delivery with its
-attempt number; with ``--broker redis``, a quarter of the messages go to a Redis stream through a TCP
-proxy that is cut for 10 s, and the stream is read back.
+random, and must all be delivered. The consumer (bench/chaos_consumer) records each raw delivery with its
+attempt number, then applies the message's effect (an ``Effect`` row and an account balance) through
+``inbox.receive()`` in its own transaction; one message in 250 carries a fault for the consumer: SIGKILL
+between its effect and its commit, SIGKILL after the commit before the worker records the delivery, or
+an exception at either point. With ``--broker redis``, a quarter of the messages go to a Redis stream
+through a TCP proxy that is cut for 10 s; a stream consumer process (bench/chaos_consumer/stream.py)
+applies their effects the same way and acknowledges each entry after its commit (it is killed by the
+same faults, and restarted), and the stream is read back for the raw audit.
 
 Four ``manage.py outbox_worker`` processes relay; every few seconds one is killed with SIGKILL and
 replaced. At the end it prints sent, delivered, dead, lost, duplicates (each explained by an attempt
 in the audit log that was abandoned, lost its lease, timed out or failed after the destination had it),
-kills, restarts and wall time, and exits 1 if anything was lost, a duplicate is unexplained, a
-rolled-back message exists, or a message that should have been delivered is dead.
+kills, restarts and wall time; then, from the consumer's tables, effects applied more than once and
+effects lost (both must be 0 however many raw duplicates there were). It exits 1 if anything was lost, a
+duplicate is unexplained, a rolled-back message exists, a message that should have been delivered is
+dead, or an effect was lost or applied twice.
 """
 
 from __future__ import annotations
@@ -40,7 +48,7 @@ import subprocess
 import sys
 import tempfile
 import time
-from collections.abc import Iterator, Sequence
+from collections.abc import Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -49,8 +57,9 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
 SETTINGS = "bench.chaos_settings"
+REDIS_URL = "redis://127.0.0.1:6379/0"  # the stream consumer and the audit read Redis directly, not through the proxy
 KEY_PREFIX = "chaos-"
-TOPIC = "probe.chaos"
+TOPIC = "chaos.consumer"  # bench/chaos_consumer/outbox.py: the inbox consumer
 BROKER_TOPIC = "chaos.broker"
 BATCH = 10
 POISON_EVERY = 500  # one message in 500 always fails
@@ -61,11 +70,18 @@ MAX_ATTEMPTS = 25  # a normal message failing 25 times at 10% would be a 1e-25 e
 LEASE = "2"
 HANDLER_TIMEOUT = "2"
 HANDLER_SLEEP = 0.005  # a delivery takes a little while, so a killed worker is often caught mid-batch
+ACCOUNTS = 10  # the consumer's effect moves one of these balances
+# Faults for the consumer (bench/chaos_consumer/outbox.py), by a producer's message number modulo 1000.
+FAULT_EVERY = 1000
+FAULTS = {10: "kill_in_transaction", 30: "kill_after_commit", 50: "raise_in_transaction", 70: "raise_after_commit"}
+# Batches of 10: the normal messages have 50 ordering keys, and a claim takes only the head of each key, so
+# a batch of 50 let one delivery thread hold every key while the others idled; on a loaded machine such a
+# batch took longer than the 2 to 4 s between two kills (which prefer busy workers), and little got done.
 WORKER_OPTIONS = (
     "--lease",
     LEASE,
     "--batch-size",
-    "50",
+    "10",
     "--poll-interval",
     "0.5",
     "--handler-timeout",
@@ -151,11 +167,14 @@ class PrivateCluster:
 
 
 def payload_for(n: int) -> tuple[dict[str, Any], int]:
+    effect = {"account": f"a{n % ACCOUNTS}", "amount": n % 97 + 1}
     if n % HUNG_EVERY == HUNG_EVERY - 1:
-        return {"n": n, "kind": "hung", "sleep": 600}, 2
+        return {"n": n, "kind": "hung", "sleep": 600, **effect}, 2
     if n % POISON_EVERY == POISON_EVERY - 1:
-        return {"n": n, "kind": "poison", "always_fail": True}, 3
-    return {"n": n, "kind": "normal", "fail_rate": FAIL_RATE, "sleep": HANDLER_SLEEP}, MAX_ATTEMPTS
+        return {"n": n, "kind": "poison", "always_fail": True, **effect}, 3
+    if fault := FAULTS.get(n % FAULT_EVERY):  # no random failure: the fault must strike at its first delivery
+        return {"n": n, "kind": "normal", "fault": fault, "sleep": HANDLER_SLEEP, **effect}, MAX_ATTEMPTS
+    return {"n": n, "kind": "normal", "fail_rate": FAIL_RATE, "sleep": HANDLER_SLEEP, **effect}, MAX_ATTEMPTS
 
 
 def produce(producer: int, count: int, duration: float, broker_share: float, out: Path) -> None:
@@ -180,7 +199,11 @@ def produce(producer: int, count: int, duration: float, broker_share: float, out
         with transaction.atomic():
             for key, n in zip(keys, numbers, strict=True):
                 payload, attempts = payload_for(n)
-                topic = BROKER_TOPIC if payload["kind"] == "normal" and rng.random() < broker_share else TOPIC
+                if "fault" in payload:  # the odd producers' faults strike the stream consumer, the others' a worker
+                    to_broker = broker_share > 0 and producer % 2 == 1
+                else:
+                    to_broker = payload["kind"] == "normal" and rng.random() < broker_share
+                topic = BROKER_TOPIC if to_broker else TOPIC
                 # Poison and hung messages end dead by design, and a dead message blocks the later
                 # messages of its key (OUTBOX["ORDERING"] = "block"): send them without a key.
                 ordering_key = f"k{n % 50}" if payload["kind"] == "normal" else None
@@ -226,16 +249,19 @@ def produce(producer: int, count: int, duration: float, broker_share: float, out
 @dataclass
 class Run:
     args: argparse.Namespace
-    cluster: PrivateCluster
+    cluster: PrivateCluster | None  # None on SQLite
     workdir: Path
     env: dict[str, str]
     workers: list[subprocess.Popen[bytes]] = field(default_factory=list)
     producers: list[subprocess.Popen[bytes]] = field(default_factory=list)
+    consumers: list[subprocess.Popen[bytes]] = field(default_factory=list)  # of the Redis stream
     kills: int = 0
     restarts: int = 0
     db_restarts: int = 0
     broker_outages: int = 0
     worker_serial: int = 0
+    exited: int = 0  # workers that ended on their own (the consumer's SIGKILL faults), replaced
+    consumers_exited: int = 0  # likewise, stream consumers
 
     def start_worker(self) -> None:
         self.worker_serial += 1
@@ -250,10 +276,41 @@ class Run:
                 )
             )
 
+    def start_consumer(self) -> None:
+        with open(self.workdir / f"consumer-{len(self.consumers) + self.consumers_exited}.log", "wb") as logfile:
+            self.consumers.append(
+                subprocess.Popen(
+                    [
+                        sys.executable,
+                        __file__,
+                        "consume",
+                        "--stream",
+                        self.env["CHAOS_STREAM"].format(topic=BROKER_TOPIC),
+                    ],
+                    cwd=ROOT,
+                    env=self.env,
+                    stdout=logfile,
+                    stderr=subprocess.STDOUT,
+                )
+            )
+
+    def replace_exited(self) -> None:
+        for proc in [w for w in self.workers if w.poll() is not None]:
+            self.workers.remove(proc)
+            self.exited += 1
+            self.start_worker()
+        for proc in [c for c in self.consumers if c.poll() is not None]:
+            self.consumers.remove(proc)
+            self.consumers_exited += 1
+            self.start_consumer()
+
     def kill_random_worker(self) -> None:
         """SIGKILL a worker, preferring one that holds claimed messages right now, and start another."""
         busy = _busy_pids()
         victim = random.choice([w for w in self.workers if w.pid in busy] or self.workers)
+        if victim.poll() is not None:  # it killed itself (a consumer fault) meanwhile: count it as such
+            self.replace_exited()
+            return
         victim.send_signal(signal.SIGKILL)
         victim.wait(timeout=30)
         self.workers.remove(victim)
@@ -262,11 +319,11 @@ class Run:
         self.restarts += 1
 
     def stop_all(self) -> None:
-        for proc in self.workers + self.producers:
+        for proc in self.workers + self.producers + self.consumers:
             if proc.poll() is None:
                 proc.send_signal(signal.SIGTERM)
         deadline = time.monotonic() + 20
-        for proc in self.workers + self.producers:
+        for proc in self.workers + self.producers + self.consumers:
             try:
                 proc.wait(timeout=max(0.1, deadline - time.monotonic()))
             except subprocess.TimeoutExpired:
@@ -284,6 +341,12 @@ def _busy_pids() -> set[int]:
     except DatabaseError:
         connection.close()
         return set()
+
+
+def _stream_settled(run: Run) -> bool:
+    from bench.chaos_consumer import stream
+
+    return stream.settled(REDIS_URL, run.env["CHAOS_STREAM"].format(topic=BROKER_TOPIC))
 
 
 def _counts() -> dict[str, int] | None:
@@ -316,19 +379,26 @@ def broker_proxy(args: argparse.Namespace, env: dict[str, str]) -> Iterator[Any]
 
 def chaos(args: argparse.Namespace) -> int:
     started = time.monotonic()
-    cluster = PrivateCluster(args.port)
+    cluster = PrivateCluster(args.port) if args.database == "postgresql" else None
     workdir = Path(tempfile.mkdtemp(prefix="outbox-chaos-run-"))
     failed = True
     try:
-        log(f"private PostgreSQL in {cluster.dir} on port {cluster.port}")
-        cluster.start()
+        if cluster is not None:
+            log(f"private PostgreSQL in {cluster.dir} on port {cluster.port}")
+            cluster.start()
+            url = cluster.url
+        else:
+            url = f"sqlite:///{workdir / 'chaos.sqlite3'}"
+            log(f"SQLite file {workdir / 'chaos.sqlite3'}")
         env = {
             **os.environ,
-            "DATABASE_URL": cluster.url,
+            "DATABASE_URL": url,
             "DJANGO_SETTINGS_MODULE": SETTINGS,
             "DEBUG": "false",
             "PYTHONUNBUFFERED": "1",
             "OUTBOX_LOG_LEVEL": "ERROR",
+            "CHAOS_FAULT_LOG": str(workdir / "faults.log"),
+            "CHAOS_CONSUMER_INBOX": "0" if args.consumer_without_inbox else "1",
         }
         os.environ.update({k: env[k] for k in ("DATABASE_URL", "DJANGO_SETTINGS_MODULE", "DEBUG")})
         with broker_proxy(args, env) as proxy:
@@ -339,6 +409,9 @@ def chaos(args: argparse.Namespace) -> int:
             import django
 
             django.setup()
+            from bench.chaos_consumer.models import Account
+
+            Account.objects.bulk_create(Account(name=f"a{i}") for i in range(ACCOUNTS))
             run = Run(args=args, cluster=cluster, workdir=workdir, env=env)
             try:
                 failed = _drive(run, proxy, started) != 0
@@ -351,7 +424,8 @@ def chaos(args: argparse.Namespace) -> int:
             from django.db import connections
 
             connections.close_all()
-        cluster.remove()
+        if cluster is not None:
+            cluster.remove()
         shutil.rmtree(workdir, ignore_errors=True)
     return 1 if failed else 0
 
@@ -363,6 +437,8 @@ def _drive(run: Run, proxy: Any, started: float) -> int:
     ]
     for _ in range(args.workers):
         run.start_worker()
+    if proxy:
+        run.start_consumer()
     for i, count in enumerate(per_producer):
         run.producers.append(
             subprocess.Popen(
@@ -376,7 +452,9 @@ def _drive(run: Run, proxy: Any, started: float) -> int:
             )
         )
     log(f"{args.producers} producers sending {args.messages} messages over {args.duration:g}s; {args.workers} workers")
-    restart_at = started + args.duration * 0.4
+    if args.consumer_without_inbox:
+        log("the consumer applies effects WITHOUT the inbox: this run must report effects applied twice")
+    restart_at = started + args.duration * 0.4 if run.cluster is not None else None
     outage_at = started + args.duration * 0.6 if proxy else None
     outage_until = None
     next_kill = time.monotonic() + random.uniform(*args.kill_every)
@@ -387,14 +465,16 @@ def _drive(run: Run, proxy: Any, started: float) -> int:
         if now > deadline:
             log(f"timed out after {args.timeout:g}s with work left: {_counts()}")
             return 2
+        run.replace_exited()
         if now >= next_kill:
             run.kill_random_worker()
             next_kill = now + random.uniform(*args.kill_every)
-        if run.db_restarts == 0 and now >= restart_at:
+        if run.cluster is not None and restart_at is not None and now >= restart_at:
             log("restarting PostgreSQL (immediate: every connection drops)")
             t0 = time.monotonic()
             run.cluster.restart()
             run.db_restarts += 1
+            restart_at = None
             log(f"PostgreSQL back after {time.monotonic() - t0:.1f}s")
         if outage_at is not None and now >= outage_at:
             log("cutting the broker connection for 10s")
@@ -415,12 +495,13 @@ def _drive(run: Run, proxy: Any, started: float) -> int:
             next_report = now + 5
         if (
             not producing
-            and run.db_restarts
+            and restart_at is None
             and outage_until is None
             and outage_at is None
             and counts is not None
             and not counts.get("pending")
             and not counts.get("processing")
+            and (not proxy or _stream_settled(run))
         ):
             break
         time.sleep(0.5)
@@ -428,7 +509,69 @@ def _drive(run: Run, proxy: Any, started: float) -> int:
     return report(run, time.monotonic() - started)
 
 
+@dataclass(frozen=True, kw_only=True, slots=True)
+class EffectAudit:
+    """What the consumer's own tables say about the effects, whatever the raw deliveries were."""
+
+    expected: int  # committed messages routed to the consumer and not designed to die
+    applied: int  # of those, how many have their effect
+    applied_twice: int  # applications beyond the first, over every message
+    lost: int  # expected messages without their effect
+    unexpected: int  # applications of messages that should have none (rolled back, poison, hung, unknown)
+    accounts: int
+    accounts_wrong: int  # balances that differ from the sum of the expected effects' amounts
+
+    @property
+    def ok(self) -> bool:
+        return not (self.applied_twice or self.lost or self.unexpected or self.accounts_wrong)
+
+
+def audit_effects(
+    expected: Mapping[str, tuple[str, int]], effects: Iterable[tuple[str, str, int]], balances: Mapping[str, int]
+) -> EffectAudit:
+    """Count double and lost effects from the consumer's tables.
+
+    ``expected`` maps each message uuid whose effect must be applied once to its (account, amount);
+    ``effects`` holds one (uuid, account, amount) per ``Effect`` row; ``balances`` each account's balance.
+    Pure, so a test can feed it crafted tables and see each failure reported.
+    """
+    applications = collections.Counter(uuid for uuid, _, _ in effects)
+    should_be = collections.Counter[str]()
+    for account, amount in expected.values():
+        should_be[account] += amount
+    names = set(balances) | set(should_be)
+    return EffectAudit(
+        expected=len(expected),
+        applied=sum(1 for uuid in expected if applications[uuid]),
+        applied_twice=sum(count - 1 for count in applications.values() if count > 1),
+        lost=sum(1 for uuid in expected if not applications[uuid]),
+        unexpected=sum(count for uuid, count in applications.items() if uuid not in expected),
+        accounts=len(names),
+        accounts_wrong=sum(1 for name in names if balances.get(name, 0) != should_be[name]),
+    )
+
+
+def _consumer_figures(messages: Mapping[Any, Mapping[str, Any]], committed: set[str]) -> EffectAudit:
+    from bench.chaos_consumer.models import Account, Effect
+
+    expected = {
+        str(m["uuid"]): (m["payload"]["account"], m["payload"]["amount"])
+        for key, m in messages.items()
+        if key in committed and m["topic"] in (TOPIC, BROKER_TOPIC) and m["payload"]["kind"] == "normal"
+    }
+    effects = [(str(u), a, amount) for u, a, amount in Effect.objects.values_list("message_uuid", "account", "amount")]
+    return audit_effects(expected, effects, dict(Account.objects.values_list("name", "balance")))
+
+
+def _faults_struck(run: Run) -> collections.Counter[str]:
+    path = run.workdir / "faults.log"
+    lines = path.read_text().splitlines() if path.exists() else []
+    return collections.Counter(line.split()[0] for line in lines if line.strip())
+
+
 def report(run: Run, wall: float) -> int:
+    from django.db import connection
+
     from django_outbox.models import Attempt, Message
     from tests.probe.models import Delivery
 
@@ -457,7 +600,7 @@ def report(run: Run, wall: float) -> int:
     if run.args.broker:
         import redis
 
-        client: Any = redis.Redis.from_url("redis://127.0.0.1:6379/0", decode_responses=True)
+        client: Any = redis.Redis.from_url(REDIS_URL, decode_responses=True)
         stream = run.env["CHAOS_STREAM"].format(topic=BROKER_TOPIC)
         id_of = {str(m["uuid"]): m["id"] for m in messages.values()}
         for _, fields in client.xrange(stream, "-", "+"):
@@ -517,9 +660,14 @@ def report(run: Run, wall: float) -> int:
             else:
                 explanations[reason] += 1
     total_attempts = sum(len(v) for log_of in attempts.values() for v in log_of.values())
+    deliveries = sum(len(numbers) for numbers in received.values())
+    effects = _consumer_figures(messages, committed)
+    faults = _faults_struck(run)
     abandoned = sum(1 for log_of in attempts.values() for v in log_of.values() for o, _ in v if o == "abandoned")
 
     figures = {
+        "database": connection.vendor,
+        "consumer": "without the inbox (must fail)" if run.args.consumer_without_inbox else "inbox.receive()",
         "sent (committed)": len(committed),
         "delivered": status_counts["delivered"],
         "dead (by design: poison or hung)": f"{dead_by_design} of {designed_to_die}",
@@ -530,12 +678,26 @@ def report(run: Run, wall: float) -> int:
         "rolled back and absent": f"{len(rolled_back) - ghosts} of {len(rolled_back)}",
         "rolled back but present": ghosts,
         "in the table without a producer's commit": phantoms,
+        "deliveries (raw, at the destinations)": deliveries,
+        "raw duplicates per million deliveries": round(duplicates * 1_000_000 / deliveries) if deliveries else 0,
+        "effects expected (messages to the consumer)": effects.expected,
+        "effects applied": effects.applied,
+        "effects applied more than once": effects.applied_twice,
+        "effects lost": effects.lost,
+        "effects of messages that must have none": effects.unexpected,
+        "accounts with a wrong balance": f"{effects.accounts_wrong} of {effects.accounts}",
+        "consumer killed between effect and commit": faults["kill_in_transaction"],
+        "consumer killed after commit, before the ack": faults["kill_after_commit"],
+        "consumer raised between effect and commit": faults["raise_in_transaction"],
+        "consumer raised after commit": faults["raise_after_commit"],
         "attempts": total_attempts,
         "abandoned attempts": abandoned,
         "producer transaction retries": producer_stats["transaction_retries"],
         "commits of unknown outcome that had committed": producer_stats["commit_outcome_unknown_but_committed"],
         "worker kills (SIGKILL)": run.kills,
-        "worker restarts": run.restarts,
+        "worker restarts": run.restarts + run.exited,
+        "workers that exited on their own (consumer kills)": run.exited,
+        "stream consumers that exited on their own (consumer kills)": run.consumers_exited,
         "PostgreSQL restarts": run.db_restarts,
         "broker outages (10 s)": run.broker_outages,
         "wall time": f"{wall:.1f} s",
@@ -548,9 +710,13 @@ def report(run: Run, wall: float) -> int:
         if count:
             print(f"  duplicate explained: {reason}: {count}")
     bad = lost or unexplained or ghosts or phantoms or dead_unexpected or dead_by_design != designed_to_die
-    print("\nFAILED" if bad else "\nOK: nothing lost, every duplicate explained", flush=True)
+    bad = bad or not effects.ok
+    print(
+        "\nFAILED" if bad else "\nOK: nothing lost, every duplicate explained, every effect applied exactly once",
+        flush=True,
+    )
     if run.args.json:
-        Path(run.args.json).write_text(json.dumps({k: str(v) for k, v in figures.items()}, indent=2) + "\n")
+        Path(run.args.json).write_text(json.dumps(figures, indent=2) + "\n")
     return 1 if bad else 0
 
 
@@ -563,7 +729,7 @@ def _duplicate_reason(outcomes: list[tuple[str, str]]) -> str | None:
     if any("timed out" in e for _, e in outcomes):
         return "timed out, the abandoned call completed later"
     if any(o == "failed" for o, _ in outcomes):
-        return "failed after the handler's write had committed (connection dropped)"
+        return "failed after the destination had it (the consumer raised after receiving it, or the connection dropped)"
     return None
 
 
@@ -583,6 +749,8 @@ def main() -> None:
     producer.add_argument("--duration", type=float, required=True)
     producer.add_argument("--broker-share", type=float, default=0.0)
     producer.add_argument("--out", type=Path, required=True)
+    consumer = sub.add_parser("consume", help=argparse.SUPPRESS)
+    consumer.add_argument("--stream", required=True)
     parser.add_argument("--quick", action="store_true", help="the CI scenario: 3,000 messages over 25 s")
     parser.add_argument("--messages", type=int, help="messages to send (default 20000; --quick 3000)")
     parser.add_argument("--duration", type=float, help="seconds over which producers send (default 60; --quick 25)")
@@ -590,15 +758,33 @@ def main() -> None:
     parser.add_argument("--workers", type=int, default=4)
     parser.add_argument("--broker", choices=["redis"], help="also relay a quarter of the messages to Redis Streams")
     parser.add_argument("--port", type=int, default=55432, help="port of the private PostgreSQL (or the next free)")
+    parser.add_argument(
+        "--database",
+        choices=["postgresql", "sqlite"],
+        default="postgresql",
+        help="a private PostgreSQL cluster (default), or a SQLite file of the run's own",
+    )
+    parser.add_argument(
+        "--consumer-without-inbox",
+        action="store_true",
+        help="apply effects without inbox.receive(), to see the run report them applied twice (it exits 1)",
+    )
+    parser.add_argument("--timeout", type=float, help="give up (exit 2) after this many seconds")
     parser.add_argument("--json", help="also write the figures to this file")
     args = parser.parse_args()
     if args.command == "produce":
         os.environ.setdefault("DJANGO_SETTINGS_MODULE", SETTINGS)
         produce(args.id, args.count, args.duration, args.broker_share, args.out)
         return
+    if args.command == "consume":
+        os.environ.setdefault("DJANGO_SETTINGS_MODULE", SETTINGS)
+        from bench.chaos_consumer import stream
+
+        stream.run(REDIS_URL, args.stream)
+        return
     args.messages = args.messages or (3000 if args.quick else 20000)
     args.duration = args.duration or (25.0 if args.quick else 60.0)
-    args.timeout = args.duration + (80 if args.quick else 300)
+    args.timeout = args.timeout or args.duration + (80 if args.quick else 300)
     args.kill_every = (2.0, 4.0)
 
     def interrupted(signum: int, frame: object) -> None:

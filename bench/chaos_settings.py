@@ -1,12 +1,21 @@
-"""Settings of the chaos run's producers and workers: the test settings (probe app) plus, when
-``CHAOS_REDIS_URL`` is set, a Redis Streams transport for the ``chaos.broker`` topic.
+"""Settings of the chaos run's producers and workers: the test settings (probe app), the chaos consumer
+app (bench/chaos_consumer: the inbox consumer and its business tables) and, when ``CHAOS_REDIS_URL`` is
+set, a Redis Streams transport for the ``chaos.broker`` topic.
 
-The runner (bench/chaos.py) points ``DATABASE_URL`` at its private PostgreSQL cluster.
+The runner (bench/chaos.py) points ``DATABASE_URL`` at its private PostgreSQL cluster, or at a SQLite
+file of its own with ``--database sqlite``.
 """
 
 import os
 
 from tests.settings import *  # noqa: F403
+
+INSTALLED_APPS = [*INSTALLED_APPS, "bench.chaos_consumer"]  # noqa: F405
+
+if DATABASES["default"]["ENGINE"] == "django.db.backends.sqlite3":  # noqa: F405
+    # As the private PostgreSQL runs with fsync=off: the faults kill processes, not the machine, and in WAL
+    # mode synchronous=NORMAL keeps every commit across a process crash (only a power cut could lose one).
+    DATABASES["default"]["OPTIONS"]["init_command"] = "PRAGMA journal_mode=WAL; PRAGMA synchronous=NORMAL;"  # noqa: F405
 
 OUTBOX = {
     **OUTBOX,  # noqa: F405
