@@ -109,8 +109,12 @@ class Stats:
 
 
 def backoff_seconds(attempt: int, *, base: float, cap: float, retry_after: float | None = None) -> float:
-    """Capped exponential backoff with jitter (half fixed, half random), at least ``retry_after``."""
-    ceiling = min(cap, base * (2 ** max(attempt - 1, 0)))
+    """Capped exponential backoff with jitter (half fixed, half random), at least ``retry_after``.
+
+    The exponent stops at 1023: 2.0**1023 times any base is already past any cap (or inf, which ``min``
+    drops), while 2**1024 raised OverflowError from the 1,025th attempt on.
+    """
+    ceiling = min(cap, base * 2.0 ** min(max(attempt - 1, 0), 1023))
     delay = ceiling / 2 + random.uniform(0, ceiling / 2)
     if retry_after is not None:
         delay = max(delay, float(retry_after))

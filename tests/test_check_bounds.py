@@ -158,11 +158,20 @@ def test_durations_out_of_range_are_reported(key, value):
 
 
 def test_the_bounds_are_in_the_message_and_hint():
-    with override_settings(OUTBOX={"LEASE_SECONDS": INF}):
-        (found,) = [m for m in checks.run_checks() if m.id == "django_outbox.E003"]
-    assert "LEASE_SECONDS" in found.msg and "inf" in found.msg
-    assert "315360000" in found.msg  # the upper bound, ten years
-    assert found.hint
+    with override_settings(OUTBOX={"BACKOFF_MAX_SECONDS": INF, "LEASE_SECONDS": 10**6}):
+        backoff, lease = (m for m in checks.run_checks() if m.id == "django_outbox.E003")
+    assert "BACKOFF_MAX_SECONDS" in backoff.msg and "inf" in backoff.msg
+    assert "from 0 to 315360000" in backoff.msg  # ten years
+    assert "LEASE_SECONDS" in lease.msg and "from 1 to 86400" in lease.msg  # a day
+    assert backoff.hint and lease.hint
+
+
+def test_a_huge_value_makes_a_short_message():
+    """repr(10**5000) raises ValueError (Python's 4300-digit limit); a 10 MB string must not be echoed."""
+    with override_settings(OUTBOX={"MAX_ATTEMPTS": 10**5000, "NOTIFY_CHANNEL": "x" * 10_000_000}):
+        found = [m for m in checks.run_checks() if m.id and m.id.startswith("django_outbox.")]
+    assert sorted(m.id for m in found) == ["django_outbox.E003", "django_outbox.E006"]
+    assert all(len(m.msg) < 400 for m in found)
 
 
 @pytest.mark.parametrize("attempts", [1025, 1026, 5000, 2**31 - 1])
@@ -188,8 +197,12 @@ def test_largest_accepted_values_build_a_relay_with_finite_backoff():
         "MAX_ATTEMPTS": 2**31 - 1,
         "BACKOFF_BASE_SECONDS": 315_360_000,
         "BACKOFF_MAX_SECONDS": 315_360_000,
-        "LEASE_SECONDS": 315_360_000,
+        "LEASE_SECONDS": 86_400,
+        "POLL_INTERVAL_SECONDS": 86_400,
+        "GRACE_PERIOD_SECONDS": 86_400,
+        "HANDLER_TIMEOUT_SECONDS": 86_400,
         "BATCH_SIZE": 10_000,
+        "CONCURRENCY": 256,
     }
     assert outbox_ids(**top) == ["django_outbox.W060"]
     with override_settings(OUTBOX=top):
