@@ -317,3 +317,21 @@ def test_every_outbox_check_is_guarded():
     assert ours
     for check in ours:
         assert getattr(check, "outbox_guarded", False), check
+
+
+def test_a_guarded_check_that_raises_reports_e007_and_the_rest_still_run():
+    from django.core.checks.registry import registry
+
+    from django_outbox.checks import register_check
+
+    @register_check("outbox-test-only")
+    def broken(app_configs: object = None, **kwargs: object) -> list[CheckMessage]:
+        raise OverflowError("int too large to convert to float")
+
+    try:
+        found = checks.run_checks(tags=["outbox-test-only"])
+    finally:
+        registry.registered_checks.discard(broken)
+    (failed,) = found
+    assert failed.id == "django_outbox.E007"
+    assert "broken" in failed.msg and "OverflowError: int too large to convert to float" in failed.msg
