@@ -175,7 +175,7 @@ CORE = [
 
 
 @pytest.mark.django_db
-@hypothesis_settings(max_examples=max(10, hypothesis_settings.default.max_examples // 4))
+@hypothesis_settings(max_examples=max(10, hypothesis_settings().max_examples // 4))
 @given(outbox_setting=outbox_dicts(CORE, max_keys=6))
 def test_accepted_core_settings_send_and_deliver(outbox_setting, handler):
     """The expensive half: accepted settings send a message in a transaction and a drain delivers it."""
@@ -288,7 +288,7 @@ def test_every_transport_option_is_reported_or_builds(case):
 
 def build(backend: str, options: Mapping[str, Any]) -> None:
     """Build the transport as a worker thread does, and the client it would connect with (no network)."""
-    transport = transport_class(backend)(name="t", options=options)
+    transport: Any = transport_class(backend)(name="t", options=options)
     try:
         if backend == WEBHOOK:
             transport.client  # noqa: B018  (httpx validates the timeout and pool here)
