@@ -335,3 +335,23 @@ def test_a_guarded_check_that_raises_reports_e007_and_the_rest_still_run():
     (failed,) = found
     assert failed.id == "django_outbox.E007"
     assert "broken" in failed.msg and "OverflowError: int too large to convert to float" in failed.msg
+
+
+@pytest.mark.parametrize(
+    "args",
+    [
+        ("--lease", "inf"),
+        ("--lease", "nan"),
+        ("--poll-interval", "nan"),
+        ("--poll-interval", "1e308"),
+        ("--handler-timeout", "inf"),
+        ("--batch-size", str(2**63)),
+        ("--concurrency", "100000"),
+    ],
+)
+def test_the_worker_command_applies_the_same_bounds(args):
+    """The command-line overrides of the settings bypassed check: ``--lease inf`` failed at the first claim."""
+    from django.core.management import CommandError, call_command
+
+    with pytest.raises(CommandError, match=r"must be .* from .* to "):
+        call_command("outbox_worker", "--until-empty", *args)
