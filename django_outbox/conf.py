@@ -194,6 +194,19 @@ _NUMBERS: dict[str, Number] = {
         hint="Use 0 to run housekeeping only from cron (manage.py outbox_housekeeping).",
     ),
 }
+
+
+def bounded(name: str, value: object) -> int | float:
+    """``value`` for ``OUTBOX[name]`` if ``check`` would accept it there; ``ValueError`` saying why otherwise.
+
+    For the worker's command-line overrides, which must not get past the bounds the settings have.
+    """
+    parsed, problem = _NUMBERS[name].parse(name, value)
+    if problem is not None or parsed is None:
+        raise ValueError(problem.msg if problem else f"OUTBOX[{name!r}] needs a number here")
+    return parsed
+
+
 _KNOWN = set(OutboxSettings.__dataclass_fields__)
 #: Settings given as a timedelta or a number of seconds, with the check id of a bad value.
 _DURATIONS = (
