@@ -355,3 +355,23 @@ def test_the_worker_command_applies_the_same_bounds(args):
 
     with pytest.raises(CommandError, match=r"must be .* from .* to "):
         call_command("outbox_worker", "--until-empty", *args)
+
+
+@pytest.mark.parametrize("attempts", [1, 2, 3, 7, 12, 40])
+@pytest.mark.parametrize(("base", "cap"), [(0, 0), (0, 5), (2, 0), (2, 3600), (0.5, 7), (3, 3), (1e-3, 1e6)])
+def test_the_retry_span_equals_the_sum_it_replaces(attempts, base, cap):
+    from django_outbox.inbox_checks import retry_span
+
+    naive = sum(min(cap, base * 2 ** (n - 1)) for n in range(1, attempts))
+    assert retry_span(attempts, base, cap) == pytest.approx(naive)
+
+
+def test_a_numeric_broker_option_must_declare_both_bounds():
+    """So the next option added cannot forget the upper bound (or NaN) again."""
+    from django_outbox.transports.broker import option
+
+    with pytest.raises(TypeError, match="minimum and a maximum"):
+        option(1.0, kind=float, minimum=0.1)
+    with pytest.raises(TypeError, match="minimum and a maximum"):
+        option(None, kind=(int, type(None)))
+    option(1.0, kind=float, minimum=0.1, maximum=10)

@@ -300,3 +300,23 @@ def build(backend: str, options: Mapping[str, Any]) -> None:
             pika.URLParameters(transport.settings.url)  # what _connect() builds first
     finally:
         transport.close()
+
+
+# --- NOTIFY_CHANNEL against the real server ---------------------------------------------------------------
+
+CHANNELS = st.one_of(
+    st.text(max_size=70),
+    st.text(st.characters(codec="utf-8"), min_size=28, max_size=40),  # multi-byte characters near 63 bytes
+    st.text(st.characters(min_codepoint=0xD7F0, max_codepoint=0xE010, exclude_categories=()), max_size=3),  # surrogates
+    st.sampled_from(["", "\x00", "a" * 63, "a" * 64, "\u00e9" * 31 + "a", "\u00e9" * 32]),
+)
+
+
+@pytest.mark.django_db
+@hypothesis_settings(max_examples=max(10, hypothesis_settings().max_examples // 2))
+@given(channel=CHANNELS)
+def test_check_accepts_exactly_the_channels_postgres_takes(postgres, channel):
+    from tests.test_check_bounds import _server_takes
+
+    with checked({"NOTIFY_CHANNEL": channel}) as errors:
+        assert (not errors) == _server_takes(channel), [e.msg for e in errors]
