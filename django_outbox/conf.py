@@ -129,12 +129,10 @@ class Number:
     def parse(self, name: str, value: object) -> tuple[int | float | None, Problem | None]:
         if value is None and self.optional:
             return None, None
-        ok_type = isinstance(value, int) if self.kind is int else isinstance(value, int | float)
-        if ok_type and not isinstance(value, bool):
-            number: int | float = value  # type: ignore[assignment]
-            if isinstance(number, int) or math.isfinite(number):
-                if self.minimum <= number <= self.maximum:  # an int of any size compares exactly
-                    return self.kind(number), None
+        if isinstance(value, int | float) and not isinstance(value, bool):
+            ok_type = isinstance(value, int) or (self.kind is float and math.isfinite(value))
+            if ok_type and self.minimum <= value <= self.maximum:  # an int of any size compares exactly
+                return self.kind(value), None
         what = "an integer" if self.kind is int else "a number"
         none = " or None" if self.optional else ""
         return None, Problem(
