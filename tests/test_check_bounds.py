@@ -375,3 +375,50 @@ def test_a_numeric_broker_option_must_declare_both_bounds():
     with pytest.raises(TypeError, match="minimum and a maximum"):
         option(None, kind=(int, type(None)))
     option(1.0, kind=float, minimum=0.1, maximum=10)
+
+
+#: Stream names and subject templates, and whether the real NATS server takes them (probed: nats-py refuses
+#: stream names with . * > / \ or whitespace, the server NUL; a subject with whitespace is refused by the
+#: client, one with an empty token ("a..b", "a.") gets no answer from JetStream).
+NATS_STREAMS = [("OUTBOX", True), ("OUT_BOX-1", True), ("\u00c9V\u00c9NEMENTS", True), ("A.B", False), ("A B", False)]
+NATS_STREAMS += [("A*", False), ("A>", False), ("A/B", False), ("A\\B", False), ("A\x00", False), ("", False)]
+NATS_SUBJECTS = [("{topic}", True), ("outbox.{topic}", True), ("a b.{topic}", False), ("a..{topic}", False)]
+NATS_SUBJECTS += [("{topic}.", False), (".{topic}", False), ("a\t{topic}", False), ("x.{topic}\n", False)]
+
+
+@pytest.mark.parametrize(("stream", "works"), NATS_STREAMS)
+def test_nats_stream_names_the_server_refuses_are_reported(stream, works):
+    options = {**BASE_OPTIONS[NATS], "STREAM": stream}
+    assert transport_ids(NATS, options) == ([] if works else ["django_outbox.E051"])
+
+
+@pytest.mark.parametrize(("subject", "works"), NATS_SUBJECTS)
+def test_nats_subjects_the_server_refuses_are_reported(subject, works):
+    options = {**BASE_OPTIONS[NATS], "SUBJECT": subject}
+    assert transport_ids(NATS, options) == ([] if works else ["django_outbox.E052"])
+
+
+@pytest.mark.parametrize(("stream", "works"), [s for s in NATS_STREAMS if s[0]])
+def test_the_nats_stream_verdicts_match_the_real_server(stream, works):
+    import asyncio
+
+    import nats
+
+    from tests.conftest import require_service
+
+    require_service("NATS", "127.0.0.1", 4222)
+
+    async def create() -> bool:
+        nc = await nats.connect("nats://127.0.0.1:4222", connect_timeout=5)
+        try:
+            js = nc.jetstream()
+            try:
+                await js.add_stream(name=stream, subjects=["outbox-check-probe.x"])
+            except Exception:
+                return False
+            await js.delete_stream(stream)
+            return True
+        finally:
+            await nc.close()
+
+    assert asyncio.run(create()) == works
