@@ -5,22 +5,60 @@ The ids are listed in docs/checks.md. The worker command runs them before it sta
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
+import functools
+import logging
+from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
 from django.apps import AppConfig
 from django.conf import settings
 from django.core.checks import CheckMessage, Error, Tags, Warning, register
 
-from . import (
-    conf,
-    inbox_checks,  # noqa: F401  (registers the inbox and idempotency checks)
-)
+from . import conf
 from .exceptions import MissingExtraError, OutboxImproperlyConfigured
 from .store import SUPPORTED_VENDORS
 
+logger = logging.getLogger("django_outbox.checks")
 
-@register(Tags.compatibility)
+Check = Callable[..., list[CheckMessage]]
+
+
+def check_failed(what: str, exc: Exception, *, obj: object = None) -> Error:
+    """E007: ``what`` raised instead of reporting; the problem it looked for may still be there."""
+    detail = f"{type(exc).__name__}: {str(exc).strip()[:500]}".rstrip(": ")
+    logger.error("the check %s failed to run", what, exc_info=exc)
+    return Error(
+        f"The check {what} failed to run: {detail}",
+        hint="What it checks is unverified; the other checks still ran. The traceback is logged to the "
+        "'django_outbox.checks' logger; fix the setting it names, or report the bug with that traceback.",
+        id="django_outbox.E007",
+        obj=obj,
+    )
+
+
+def register_check(*tags: str) -> Callable[[Check], Check]:
+    """``django.core.checks.register``, but a check that raises reports E007 instead of aborting ``check``.
+
+    A traceback out of ``run_checks()`` stops ``manage.py check``, ``migrate`` and the worker's start
+    without saying which setting is wrong, and hides every other check's findings.
+    """
+
+    def decorate(check: Check) -> Check:
+        @functools.wraps(check)
+        def guarded(app_configs: Sequence[AppConfig] | None = None, **kwargs: Any) -> list[CheckMessage]:
+            try:
+                return list(check(app_configs, **kwargs))
+            except Exception as exc:
+                return [check_failed(f"{check.__module__}.{check.__qualname__}", exc)]
+
+        guarded.outbox_guarded = True  # type: ignore[attr-defined]
+        register(*tags)(guarded)
+        return guarded
+
+    return decorate
+
+
+@register_check(Tags.compatibility)
 def check_settings(app_configs: Sequence[AppConfig] | None = None, **kwargs: Any) -> list[CheckMessage]:
     found: list[CheckMessage] = [Error(p.msg, hint=p.hint, id=p.id) for p in conf.problems()]
     if found:
@@ -29,6 +67,7 @@ def check_settings(app_configs: Sequence[AppConfig] | None = None, **kwargs: Any
     for name, transport in outbox_settings.TRANSPORTS.items():
         from .transports.registry import transport_class
 
+        where = f"OUTBOX['TRANSPORTS'][{name!r}]"
         try:
             cls = transport_class(transport.backend)
         except OutboxImproperlyConfigured as exc:
@@ -38,15 +77,18 @@ def check_settings(app_configs: Sequence[AppConfig] | None = None, **kwargs: Any
                     str(exc),
                     hint="Check the dotted path, and install the extra it names.",
                     id="django_outbox.E012" if missing_extra else "django_outbox.E011",
-                    obj=f"OUTBOX['TRANSPORTS'][{name!r}]",
+                    obj=where,
                 )
             )
             continue
-        found += cls.check(name, transport.options)
+        try:  # a transport's own check (perhaps a third party's) must not hide the others' findings
+            found += cls.check(name, transport.options)
+        except Exception as exc:
+            found.append(check_failed(f"{cls.__module__}.{cls.__qualname__}.check", exc, obj=where))
     return found
 
 
-@register(Tags.database)
+@register_check(Tags.database)
 def check_listen(
     app_configs: Sequence[AppConfig] | None = None, databases: Sequence[str] | None = None, **kwargs: Any
 ) -> list[CheckMessage]:
@@ -89,7 +131,7 @@ def check_listen(
     ]
 
 
-@register(Tags.compatibility)
+@register_check(Tags.compatibility)
 def check_database(app_configs: Sequence[AppConfig] | None = None, **kwargs: Any) -> list[CheckMessage]:
     alias = conf.get_settings().DATABASE if not conf.problems() else "default"
     return database_messages(alias, settings.DATABASES.get(alias, {}))
@@ -118,3 +160,6 @@ def database_messages(alias: str, db: Mapping[str, Any]) -> list[CheckMessage]:
             )
         ]
     return []
+
+
+from . import inbox_checks  # noqa: E402, F401  (registers the inbox and idempotency checks, with register_check)

@@ -99,19 +99,120 @@ class Problem:
     hint: str
 
 
-_NUMBERS: dict[str, tuple[type, float]] = {
-    # name: (type, smallest allowed value)
-    "MAX_ATTEMPTS": (int, 1),
-    "BACKOFF_BASE_SECONDS": (float, 0),
-    "BACKOFF_MAX_SECONDS": (float, 0),
-    "LEASE_SECONDS": (float, 1),
-    "POLL_INTERVAL_SECONDS": (float, 0.01),
-    "BATCH_SIZE": (int, 1),
-    "CONCURRENCY": (int, 1),
-    "GRACE_PERIOD_SECONDS": (float, 0),
-    "MAX_PAYLOAD_BYTES": (int, 1),
-    "EMAIL_VIEW_MAX_AGE_SECONDS": (float, 1),
+#: Longest duration any setting may give: ten (365-day) years. Far beyond any sane retention or backoff, and
+#: still a ``timedelta``, a PostgreSQL ``interval`` and an offset from now that every supported database
+#: stores as a timestamp (so no value that passes ``check`` can overflow a date at run time).
+MAX_DURATION_SECONDS = 10 * 365 * 24 * 3600
+#: Longest a worker waits for one thing (a lease, a poll, a delivery call, a stopping delivery): one day.
+MAX_WAIT_SECONDS = 24 * 3600
+#: Counts stored in an integer column (``Message.max_attempts``) are at most PostgreSQL's ``integer``.
+MAX_INT32 = 2**31 - 1
+#: The claim's ids travel as one parameter each when a batch is handed back (``store.release``); this
+#: keeps a batch well inside PostgreSQL's 65,535 and SQLite's 32,766 parameters per statement.
+MAX_BATCH_SIZE = 10_000
+#: Delivery threads per worker: each holds a database connection.
+MAX_CONCURRENCY = 256
+#: Largest payload limit: 64 MiB, inside PostgreSQL's jsonb limit (256 MiB) and common packet limits.
+MAX_PAYLOAD_LIMIT = 64 * 1024 * 1024
+#: PostgreSQL truncates identifiers (and refuses longer channel names) at NAMEDATALEN - 1 bytes.
+MAX_CHANNEL_BYTES = 63
+
+
+@dataclass(frozen=True, kw_only=True, slots=True)
+class Number:
+    """The allowed range of one numeric setting; a value outside it is a ``Problem`` with ``id``.
+
+    Finite values only: NaN compares false with everything, so a plain ``value < minimum`` let it
+    through. Adding a numeric setting is one row in ``_NUMBERS``.
+    """
+
+    kind: type  # int or float (a float setting also takes an int)
+    minimum: float
+    maximum: float
+    id: str = "django_outbox.E003"
+    #: None is a value of its own (no limit, or the default), not an error.
+    optional: bool = False
+    hint: str = "Fix the value or remove the key to use the default."
+
+    def parse(self, name: str, value: object) -> tuple[int | float | None, Problem | None]:
+        if value is None and self.optional:
+            return None, None
+        if isinstance(value, int | float) and not isinstance(value, bool):
+            ok_type = isinstance(value, int) or (self.kind is float and math.isfinite(value))
+            if ok_type and self.minimum <= value <= self.maximum:  # an int of any size compares exactly
+                return self.kind(value), None
+        what = "an integer" if self.kind is int else "a number"
+        none = " or None" if self.optional else ""
+        return None, Problem(
+            self.id,
+            f"OUTBOX[{name!r}] must be {what} from {_g(self.minimum)} to {_g(self.maximum)}{none}, not {shown(value)}.",
+            self.hint,
+        )
+
+
+def shown(value: object, limit: int = 100) -> str:
+    """``repr(value)`` cut to ``limit`` characters, for check messages about values of any size or kind.
+
+    A setting may hold a 10 MB string or an integer too long for ``repr()`` (Python refuses more than
+    4300 digits); a check message must still be short, and building it must not raise.
+    """
+    if isinstance(value, int) and not isinstance(value, bool) and value.bit_length() > 256:
+        return f"an integer of {value.bit_length()} bits"
+    try:
+        text = _SHORT_REPR.repr(value)
+    except Exception:
+        text = f"<{type(value).__name__}>"
+    return text if len(text) <= limit else text[: limit - 3] + "..."
+
+
+_SHORT_REPR = reprlib.Repr()
+_SHORT_REPR.maxstring = _SHORT_REPR.maxother = 100
+
+
+def _g(bound: float) -> str:
+    return str(int(bound)) if float(bound).is_integer() else repr(bound)
+
+
+_NUMBERS: dict[str, Number] = {
+    "MAX_ATTEMPTS": Number(kind=int, minimum=1, maximum=MAX_INT32),
+    "BACKOFF_BASE_SECONDS": Number(kind=float, minimum=0, maximum=MAX_DURATION_SECONDS),
+    "BACKOFF_MAX_SECONDS": Number(kind=float, minimum=0, maximum=MAX_DURATION_SECONDS),
+    "LEASE_SECONDS": Number(kind=float, minimum=1, maximum=MAX_WAIT_SECONDS),
+    "POLL_INTERVAL_SECONDS": Number(kind=float, minimum=0.01, maximum=MAX_WAIT_SECONDS),
+    "BATCH_SIZE": Number(kind=int, minimum=1, maximum=MAX_BATCH_SIZE),
+    "CONCURRENCY": Number(kind=int, minimum=1, maximum=MAX_CONCURRENCY, optional=True),
+    "GRACE_PERIOD_SECONDS": Number(kind=float, minimum=0, maximum=MAX_WAIT_SECONDS),
+    "MAX_PAYLOAD_BYTES": Number(kind=int, minimum=1, maximum=MAX_PAYLOAD_LIMIT),
+    "EMAIL_VIEW_MAX_AGE_SECONDS": Number(kind=float, minimum=1, maximum=MAX_DURATION_SECONDS),
+    "HANDLER_TIMEOUT_SECONDS": Number(
+        kind=float,
+        minimum=0.01,
+        maximum=MAX_WAIT_SECONDS,
+        id="django_outbox.E090",
+        optional=True,
+        hint="Example: 30. Use None (the default) for no limit.",
+    ),
+    "HOUSEKEEPING_INTERVAL_SECONDS": Number(
+        kind=float,
+        minimum=0,
+        maximum=MAX_WAIT_SECONDS,
+        id="django_outbox.E074",
+        hint="Use 0 to run housekeeping only from cron (manage.py outbox_housekeeping).",
+    ),
 }
+
+
+def bounded(name: str, value: object) -> int | float:
+    """``value`` for ``OUTBOX[name]`` if ``check`` would accept it there; ``ValueError`` saying why otherwise.
+
+    For the worker's command-line overrides, which must not get past the bounds the settings have.
+    """
+    parsed, problem = _NUMBERS[name].parse(name, value)
+    if problem is not None or parsed is None:
+        raise ValueError(problem.msg if problem else f"OUTBOX[{name!r}] needs a number here")
+    return parsed
+
+
 _KNOWN = set(OutboxSettings.__dataclass_fields__)
 #: Settings given as a timedelta or a number of seconds, with the check id of a bad value.
 _DURATIONS = (
@@ -139,26 +240,17 @@ def _parse(raw: object) -> tuple[OutboxSettings, list[Problem]]:
         problems.append(
             Problem(
                 "django_outbox.E002",
-                f"OUTBOX has an unknown key {name!r}.",
+                f"OUTBOX has an unknown key {shown(name)}.",
                 f"Known keys: {', '.join(sorted(_KNOWN))}.",
             )
         )
-    for name, (kind, minimum) in _NUMBERS.items():
-        if name not in raw:
-            continue
-        value = raw[name]
-        ok_type = isinstance(value, int) if kind is int else isinstance(value, int | float)
-        if isinstance(value, bool) or not ok_type or value < minimum:
-            problems.append(
-                Problem(
-                    "django_outbox.E003",
-                    f"OUTBOX[{name!r}] must be {'an integer' if kind is int else 'a number'} "
-                    f">= {minimum}, not {value!r}.",
-                    "Fix the value or remove the key to use the default.",
-                )
-            )
-        else:
-            values[name] = kind(value)
+    for name, number in _NUMBERS.items():
+        if name in raw:
+            value, problem = number.parse(name, raw[name])
+            if problem is None:
+                values[name] = value
+            else:
+                problems.append(problem)
     for name in ("NOTIFY", "PREPARED_STATEMENTS"):
         if name in raw:
             if isinstance(raw[name], bool):
@@ -171,8 +263,21 @@ def _parse(raw: object) -> tuple[OutboxSettings, list[Problem]]:
                         "Fix the value or remove the key to use the default.",
                     )
                 )
+    if "NOTIFY_CHANNEL" in raw and isinstance(raw["NOTIFY_CHANNEL"], str):  # not a string: E003 below
+        refused = channel_problem(raw["NOTIFY_CHANNEL"])
+        if refused:
+            problems.append(
+                Problem(
+                    "django_outbox.E006",
+                    f"OUTBOX['NOTIFY_CHANNEL'] = {shown(raw['NOTIFY_CHANNEL'])} cannot be a PostgreSQL channel: "
+                    f"{refused}.",
+                    f"Use a short name such as 'django_outbox' (at most {MAX_CHANNEL_BYTES} bytes in UTF-8, no NUL).",
+                )
+            )
+        else:
+            values["NOTIFY_CHANNEL"] = raw["NOTIFY_CHANNEL"]
     for name in ("DATABASE", "NOTIFY_CHANNEL", "EMAIL_BACKEND"):
-        if name in raw:
+        if name in raw and not (name == "NOTIFY_CHANNEL" and isinstance(raw[name], str)):
             if isinstance(raw[name], str) and raw[name]:
                 values[name] = raw[name]
             else:
@@ -221,11 +326,21 @@ def _parse(raw: object) -> tuple[OutboxSettings, list[Problem]]:
                     f"transaction pooling), or remove the key. Aliases: {', '.join(django_settings.DATABASES)}.",
                 )
             )
+    base_url = values.get("EMAIL_VIEW_BASE_URL")
+    if base_url and not _is_base_url(base_url):
+        del values["EMAIL_VIEW_BASE_URL"]
+        problems.append(
+            Problem(
+                "django_outbox.E003",
+                f"OUTBOX['EMAIL_VIEW_BASE_URL'] must be '' or an http(s) scheme and host, not {shown(base_url)}.",
+                "Example: 'https://shop.example.com'.",
+            )
+        )
     if "DATABASE" in values and values["DATABASE"] not in django_settings.DATABASES:
         problems.append(
             Problem(
                 "django_outbox.E004",
-                f"OUTBOX['DATABASE'] names {values['DATABASE']!r}, which is not in DATABASES.",
+                f"OUTBOX['DATABASE'] names {shown(values['DATABASE'])}, which is not in DATABASES.",
                 f"Use one of: {', '.join(django_settings.DATABASES)}.",
             )
         )
@@ -237,25 +352,14 @@ def _parse(raw: object) -> tuple[OutboxSettings, list[Problem]]:
                 problems.append(
                     Problem(
                         check_id,
-                        f"OUTBOX[{name!r}] must be a positive timedelta or number of seconds, not {raw[name]!r}.",
+                        f"OUTBOX[{name!r}] must be a timedelta or number of seconds, more than 0 and at most "
+                        f"{MAX_DURATION_SECONDS} (ten years), not {shown(raw[name])}.",
                         "Example: datetime.timedelta(days=7). Remove the key to use the default.",
                     )
                 )
             else:
                 values[name] = duration
 
-    if raw.get("HANDLER_TIMEOUT_SECONDS") is not None:
-        timeout = raw["HANDLER_TIMEOUT_SECONDS"]
-        if isinstance(timeout, bool) or not isinstance(timeout, int | float) or not 0 < timeout < float("inf"):
-            problems.append(
-                Problem(
-                    "django_outbox.E090",
-                    f"OUTBOX['HANDLER_TIMEOUT_SECONDS'] must be a positive number of seconds or None, not {timeout!r}.",
-                    "Example: 30. Use None (the default) for no limit.",
-                )
-            )
-        else:
-            values["HANDLER_TIMEOUT_SECONDS"] = float(timeout)
     problems += _parse_retention(raw, values)
     problems += _parse_retry_after_max(raw, values)
 
@@ -282,7 +386,7 @@ RETENTION_MODES = ("archive", "delete")
 
 
 def _parse_retention(raw: Mapping[str, Any], values: dict[str, Any]) -> list[Problem]:
-    """ORDERING, RETENTION, RETENTION_MODE, ARCHIVE_AFTER, HOUSEKEEPING_INTERVAL_SECONDS (E070-E074)."""
+    """ORDERING and RETENTION_MODE (E070, E072); the durations and the interval are checked with the rest."""
     problems = []
     for name, choices, check_id in (
         ("ORDERING", ORDERING_CHOICES, "django_outbox.E070"),
@@ -295,22 +399,10 @@ def _parse_retention(raw: Mapping[str, Any], values: dict[str, Any]) -> list[Pro
                 problems.append(
                     Problem(
                         check_id,
-                        f"OUTBOX[{name!r}] must be one of {', '.join(map(repr, choices))}, not {raw[name]!r}.",
+                        f"OUTBOX[{name!r}] must be one of {', '.join(map(repr, choices))}, not {shown(raw[name])}.",
                         "Fix the value or remove the key to use the default.",
                     )
                 )
-    if "HOUSEKEEPING_INTERVAL_SECONDS" in raw:
-        value = raw["HOUSEKEEPING_INTERVAL_SECONDS"]
-        if isinstance(value, bool) or not isinstance(value, int | float) or not 0 <= value < 10**9:
-            problems.append(
-                Problem(
-                    "django_outbox.E074",
-                    f"OUTBOX['HOUSEKEEPING_INTERVAL_SECONDS'] must be a number >= 0, not {value!r}.",
-                    "Use 0 to run housekeeping only from cron (manage.py outbox_housekeeping).",
-                )
-            )
-        else:
-            values["HOUSEKEEPING_INTERVAL_SECONDS"] = float(value)
     return problems
 
 
@@ -343,14 +435,47 @@ def _parse_retry_after_max(raw: Mapping[str, Any], values: dict[str, Any]) -> li
 
 
 def _duration(value: object) -> dt.timedelta | None:
-    """A positive duration from a timedelta or a number of seconds; None if it is neither."""
-    if isinstance(value, dt.timedelta):
-        return value if value > dt.timedelta(0) else None
-    if isinstance(value, int | float) and not isinstance(value, bool) and value > 0:
-        try:
-            return dt.timedelta(seconds=value)
-        except (OverflowError, ValueError):  # infinity, NaN, or beyond timedelta's range
+    """A duration of at least a microsecond and at most ten years, from a timedelta or seconds; else None."""
+    if isinstance(value, int | float) and not isinstance(value, bool):
+        if not (isinstance(value, int) or math.isfinite(value)) or not 0 < value <= MAX_DURATION_SECONDS:
             return None
+        value = dt.timedelta(seconds=value)
+    if isinstance(value, dt.timedelta) and dt.timedelta(0) < value <= dt.timedelta(seconds=MAX_DURATION_SECONDS):
+        return value
+    return None
+
+
+def _is_base_url(url: str) -> bool:
+    """Whether ``url`` can go in front of a link's path: http(s), a host, nothing a browser would misread."""
+    from urllib.parse import urlsplit
+
+    if any(ch.isspace() or ord(ch) < 32 or ord(ch) == 127 for ch in url):
+        return False
+    try:
+        parts = urlsplit(url)
+        parts.port  # noqa: B018  (raises ValueError on a port out of range)
+    except ValueError:
+        return False
+    return parts.scheme in ("http", "https") and bool(parts.hostname) and not (parts.query or parts.fragment)
+
+
+def channel_problem(channel: str) -> str | None:
+    """Why PostgreSQL refuses ``channel`` in ``LISTEN`` and ``pg_notify()``, or None if it takes it.
+
+    Probed against the server (tests/test_check_bounds.py): any character is fine, quotes, spaces and
+    newlines included (LISTEN quotes the identifier), except NUL; the name must not be empty and must fit
+    in 63 bytes of UTF-8, or pg_notify() raises "channel name too long" inside the sender's transaction.
+    """
+    if not channel:
+        return "it is empty"
+    if "\x00" in channel:
+        return "it contains a NUL character"
+    try:
+        size = len(channel.encode("utf-8"))
+    except UnicodeEncodeError:
+        return "it is not valid Unicode (a lone surrogate)"
+    if size > MAX_CHANNEL_BYTES:
+        return f"it is {size} bytes in UTF-8, longer than PostgreSQL's {MAX_CHANNEL_BYTES}"
     return None
 
 
@@ -373,7 +498,7 @@ def _parse_transports(raw: object) -> tuple[dict[str, TransportConfig], list[Pro
             problems.append(
                 Problem(
                     "django_outbox.E010",
-                    f"OUTBOX['TRANSPORTS'][{name!r}] must be a dict with a 'BACKEND' dotted path.",
+                    f"OUTBOX['TRANSPORTS'][{shown(name)}] must be a dict with a 'BACKEND' dotted path.",
                     'Example: {"BACKEND": "django_outbox.transports.webhook.WebhookTransport"}',
                 )
             )
@@ -384,7 +509,7 @@ def _parse_transports(raw: object) -> tuple[dict[str, TransportConfig], list[Pro
             problems.append(
                 Problem(
                     "django_outbox.E010",
-                    f"OUTBOX['TRANSPORTS'][{name!r}] takes only 'BACKEND' and an 'OPTIONS' dict.",
+                    f"OUTBOX['TRANSPORTS'][{shown(name)}] takes only 'BACKEND' and an 'OPTIONS' dict.",
                     "Move transport settings under 'OPTIONS'.",
                 )
             )
@@ -409,7 +534,7 @@ def _parse_routes(raw: object, transports: Mapping[str, TransportConfig]) -> tup
             problems.append(
                 Problem(
                     "django_outbox.E020",
-                    f"OUTBOX['ROUTES'] entry {pattern!r}: {name!r} is not a pattern and a name.",
+                    f"OUTBOX['ROUTES'] entry {shown(pattern)}: {shown(name)} is not a pattern and a name.",
                     "Both must be non-empty strings.",
                 )
             )
@@ -417,7 +542,8 @@ def _parse_routes(raw: object, transports: Mapping[str, TransportConfig]) -> tup
             problems.append(
                 Problem(
                     "django_outbox.E021",
-                    f"OUTBOX['ROUTES'][{pattern!r}] names transport {name!r}, which is not in OUTBOX['TRANSPORTS'].",
+                    f"OUTBOX['ROUTES'][{shown(pattern)}] names transport {shown(name)}, which is not in "
+                    "OUTBOX['TRANSPORTS'].",
                     f"Known transports: {', '.join(sorted(transports))}.",
                 )
             )

@@ -88,7 +88,10 @@ def test_check_messages_say_what_to_fix():
         OUTBOX={"TRANSPORTS": {"broker": {"BACKEND": REDIS, "OPTIONS": {"URL": "redis://h", "MAXLEN": -1}}}}
     ):
         (error,) = check_settings()
-    assert error.msg == "OUTBOX['TRANSPORTS']['broker']['OPTIONS']['MAXLEN'] must be an integer or None >= 1, not -1."
+    assert (
+        error.msg == "OUTBOX['TRANSPORTS']['broker']['OPTIONS']['MAXLEN'] must be an integer or None from 1 to "
+        "9223372036854775807, not -1."
+    )
     assert error.hint == "Fix the value, or remove the option to use its default."
 
 

@@ -16,7 +16,7 @@ from django.core.checks import CheckMessage, Error, Warning
 from django.core.mail.backends.base import BaseEmailBackend
 from django.utils.module_loading import import_string
 
-from ..conf import get_settings
+from ..conf import get_settings, shown
 from ..exceptions import DeliveryError, PermanentDeliveryError, TransientDeliveryError
 from ..transports.base import BatchTransport
 from .payload import from_payload
@@ -122,6 +122,17 @@ class EmailTransport(BatchTransport):
 
         conf = get_settings()
         found: list[CheckMessage] = _link_warnings()
+        if options:  # it sends with OUTBOX["EMAIL_BACKEND"] / EMAIL_MAILER and has no options of its own
+            where = f"OUTBOX['TRANSPORTS'][{name!r}]['OPTIONS']"
+            found.append(
+                Error(
+                    f"{where}: the email transport takes no options, not {', '.join(sorted(map(shown, options)))}.",
+                    hint="Configure the backend it sends with through OUTBOX['EMAIL_BACKEND'] (or EMAIL_MAILER) "
+                    "and Django's EMAIL_* settings; leave OPTIONS empty.",
+                    id="django_outbox.E041",
+                    obj=where,
+                )
+            )
         if conf.EMAIL_MAILER:
             if django.VERSION < (6, 1):
                 found.append(
@@ -147,10 +158,10 @@ class EmailTransport(BatchTransport):
                     found.append(_loop_error("OUTBOX['EMAIL_MAILER']"))
             return found
         if conf.EMAIL_BACKEND in _OWN_BACKENDS:
-            return [_loop_error("OUTBOX['EMAIL_BACKEND']")]
+            return [*found, _loop_error("OUTBOX['EMAIL_BACKEND']")]
         try:
             import_string(conf.EMAIL_BACKEND)
-        except ImportError as exc:
+        except Exception as exc:  # ImportError, ValueError (".x"), or what the module raised on import
             found.append(
                 Error(
                     f"OUTBOX['EMAIL_BACKEND'] {conf.EMAIL_BACKEND!r} cannot be imported: {exc}",

@@ -20,6 +20,7 @@ from django.core.checks import CheckMessage
 from ..exceptions import MissingExtraError, TransientDeliveryError
 from .broker import (
     CONTENT_TYPE,
+    MAX_NETWORK_TIMEOUT,
     BrokerTransport,
     combination_error,
     encode_payload,
@@ -27,6 +28,7 @@ from .broker import (
     redact,
     render,
     text_headers,
+    unreadable_url_error,
     url_error,
 )
 
@@ -45,17 +47,22 @@ if TYPE_CHECKING:
     from ..models import Message
 
 
+#: Exchange names travel as AMQP short strings: at most 255 bytes.
+AMQP_SHORTSTR_BYTES = 255
+
+
 @dataclasses.dataclass(frozen=True, kw_only=True)
 class AMQPOptions:
     url: str = option(kind=str)
-    exchange: str = option(kind=str)
+    exchange: str = option(kind=str, max_bytes=AMQP_SHORTSTR_BYTES)
     routing_key: str = option("{topic}", kind=str, template=True)
     declare_exchange: bool = option(False, kind=bool)
     exchange_type: str = option("topic", kind=str, choices=("direct", "topic", "fanout", "headers"))
     mandatory: bool = option(True, kind=bool)
-    confirm_timeout: float = option(10.0, kind=float, minimum=0.1)
-    connect_timeout: float = option(5.0, kind=float, minimum=0.1)
-    heartbeat: int | None = option(None, kind=(int, type(None)), minimum=0)
+    confirm_timeout: float = option(10.0, kind=float, minimum=0.1, maximum=MAX_NETWORK_TIMEOUT)
+    connect_timeout: float = option(5.0, kind=float, minimum=0.1, maximum=MAX_NETWORK_TIMEOUT)
+    #: Seconds; AMQP sends it as a 16-bit number, 0 turns heartbeats off.
+    heartbeat: int | None = option(None, kind=(int, type(None)), minimum=0, maximum=65535)
 
 
 _WAITING = object()
@@ -81,7 +88,9 @@ class AMQPTransport(BrokerTransport):
     @classmethod
     def check_combination(cls, name: str, options: Mapping[str, Any]) -> list[CheckMessage]:
         found: list[CheckMessage] = []
-        problem = url_error(name, "URL", options["URL"], ("amqp", "amqps"))
+        problem = url_error(name, "URL", options["URL"], ("amqp", "amqps")) or unreadable_url_error(
+            name, "URL", options["URL"], pika.URLParameters
+        )
         if problem:
             found.append(problem)
         if options.get("DECLARE_EXCHANGE") and options["EXCHANGE"] == "":

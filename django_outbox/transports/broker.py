@@ -10,13 +10,15 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import math
 import string
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from typing import TYPE_CHECKING, Any, ClassVar, TypeVar
 
 from django.core.checks import CheckMessage, Error
 from django.core.serializers.json import DjangoJSONEncoder
 
+from ..conf import shown
 from ..exceptions import OutboxImproperlyConfigured
 from .base import BatchTransport
 
@@ -30,6 +32,10 @@ KEY_HEADER = "Outbox-Key"
 IDEMPOTENCY_KEY_HEADER = "Idempotency-Key"
 CONTENT_TYPE = "application/json"
 
+#: Longest any network timeout option may be: an hour. Sockets refuse some huge values (OverflowError),
+#: and a delivery thread waiting longer than that holds its whole batch.
+MAX_NETWORK_TIMEOUT = 3600.0
+
 #: The placeholders a name template (stream, subject, routing key) may use.
 TEMPLATE_FIELDS = frozenset({"topic"})
 
@@ -41,12 +47,29 @@ def option(
     *,
     kind: type | tuple[type, ...],
     minimum: float | None = None,
+    maximum: float | None = None,
     template: bool = False,
     choices: tuple[str, ...] = (),
     items: type | None = None,
+    max_bytes: int | None = None,
 ) -> Any:
-    """Declare a transport option (spelt in capitals in ``OPTIONS``); with no default it is required."""
-    metadata = {"kind": kind, "minimum": minimum, "template": template, "choices": choices, "items": items}
+    """Declare a transport option (spelt in capitals in ``OPTIONS``); with no default it is required.
+
+    A numeric option needs both bounds (NaN, infinity and absurd values must not reach a socket or a
+    broker's frame); ``max_bytes`` bounds a string's UTF-8 length (AMQP's 255-byte short strings).
+    """
+    kinds = set(kind) if isinstance(kind, tuple) else {kind}
+    if kinds & {int, float} and (minimum is None or maximum is None):
+        raise TypeError("a numeric option needs a minimum and a maximum")
+    metadata = {
+        "kind": kind,
+        "minimum": minimum,
+        "maximum": maximum,
+        "template": template,
+        "choices": choices,
+        "items": items,
+        "max_bytes": max_bytes,
+    }
     if isinstance(default, list | dict):
         raise TypeError("use a tuple or None as an option default")
     return dataclasses.field(default=default, metadata=metadata)
@@ -59,15 +82,38 @@ def _describe(kind: type | tuple[type, ...]) -> str:
 
 
 def template_problem(template: str) -> str | None:
-    """Why ``template`` cannot name a stream, subject or routing key, or None if it can."""
+    """Why ``template`` cannot name a stream, subject or routing key, or None if it can.
+
+    Only a bare ``{topic}``: a conversion or format spec (``{topic:>99999999999}``) would pass here and
+    then fail, or fill memory, at every delivery.
+    """
     try:
-        fields = {f for _, f, _, _ in string.Formatter().parse(template) if f is not None}
+        parsed = [(f, conversion, spec) for _, f, spec, conversion in string.Formatter().parse(template)]
     except ValueError as exc:
         return f"is not a valid template ({exc})"
+    fields = {f for f, _, _ in parsed if f is not None}
     unknown = sorted(fields - TEMPLATE_FIELDS)
     if unknown:
         return f"uses {', '.join('{' + f + '}' for f in unknown)}; only {{topic}} is available"
+    if any(f is not None and (conversion or spec) for f, conversion, spec in parsed):
+        return "formats {topic} (a conversion or format spec); write plain {topic}"
+    if "\x00" in template or _utf8_length(template) is None:
+        return "contains a NUL character or a lone surrogate"
     return None
+
+
+def _in_range(value: float, minimum: float, maximum: float | None) -> bool:
+    """``minimum <= value <= maximum`` for finite values; NaN compares false and must not pass either."""
+    if isinstance(value, float) and not math.isfinite(value):
+        return False
+    return minimum <= value and (maximum is None or value <= maximum)
+
+
+def _utf8_length(text: str) -> int | None:
+    try:
+        return len(text.encode("utf-8"))
+    except UnicodeEncodeError:
+        return None
 
 
 def option_problems(cls: type, name: str, options: Mapping[str, Any]) -> list[Error]:
@@ -78,7 +124,7 @@ def option_problems(cls: type, name: str, options: Mapping[str, Any]) -> list[Er
     for key in sorted(set(options) - set(fields), key=str):
         found.append(
             Error(
-                f"{where} has an unknown option {key!r}.",
+                f"{where} has an unknown option {shown(key)}.",
                 hint=f"Options of this transport: {', '.join(sorted(fields))}.",
                 id="django_outbox.E050",
                 obj=where,
@@ -95,21 +141,26 @@ def option_problems(cls: type, name: str, options: Mapping[str, Any]) -> list[Er
         ok = isinstance(value, flat) and not (isinstance(value, bool) and bool not in kinds)
         if ok and isinstance(value, list) and meta["items"] is not None:
             ok = bool(value) and all(isinstance(item, meta["items"]) and item for item in value)
-        if ok and meta["minimum"] is not None and isinstance(value, int | float) and value < meta["minimum"]:
-            ok = False
+        if ok and isinstance(value, int | float) and meta["minimum"] is not None:
+            ok = _in_range(value, meta["minimum"], meta["maximum"])
         if ok and meta["choices"] and value not in meta["choices"]:
             ok = False
+        if ok and meta["max_bytes"] is not None and isinstance(value, str):
+            length = _utf8_length(value)
+            ok = length is not None and length <= meta["max_bytes"]
         if not ok:
             expected = _describe(kind)
             if meta["minimum"] is not None:
-                expected += f" >= {meta['minimum']}"
+                expected += f" from {meta['minimum']} to {meta['maximum']}"
+            if meta["max_bytes"] is not None:
+                expected += f" of at most {meta['max_bytes']} bytes in UTF-8"
             if meta["choices"]:
                 expected = f"one of {', '.join(meta['choices'])}"
             if meta["items"] is not None:
                 expected = "a non-empty list of non-empty strings"
             found.append(
                 Error(
-                    f"{where}[{key!r}] must be {expected}, not {value!r}.",
+                    f"{where}[{key!r}] must be {expected}, not {shown(value)}.",
                     hint="Fix the value, or remove the option to use its default.",
                     id="django_outbox.E051",
                     obj=where,
@@ -121,7 +172,7 @@ def option_problems(cls: type, name: str, options: Mapping[str, Any]) -> list[Er
             if problem:
                 found.append(
                     Error(
-                        f"{where}[{key!r}] = {value!r} {problem}.",
+                        f"{where}[{key!r}] = {shown(value)} {problem}.",
                         hint="Example: 'outbox.{topic}'.",
                         id="django_outbox.E052",
                         obj=where,
@@ -186,6 +237,21 @@ def url_error(name: str, key: str, url: str, schemes: tuple[str, ...]) -> Error 
         id="django_outbox.E053",
         obj=where,
     )
+
+
+def unreadable_url_error(name: str, key: str, url: str, parse: Callable[[str], object]) -> Error | None:
+    """E053 when the client library's own parser (no network) refuses ``url``: a bad port, host or query."""
+    try:
+        parse(url)
+    except Exception as exc:
+        where = f"OUTBOX['TRANSPORTS'][{name!r}]['OPTIONS']"
+        return Error(
+            f"{where}[{key!r}] = {shown(redact(url))} cannot be read: {type(exc).__name__}: {str(exc)[:200]}",
+            hint="Check the host, the port (1-65535) and the query parameters.",
+            id="django_outbox.E053",
+            obj=where,
+        )
+    return None
 
 
 def redact(url: str) -> str:

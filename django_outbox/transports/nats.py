@@ -15,10 +15,22 @@ import dataclasses
 from collections.abc import Mapping, Sequence
 from typing import TYPE_CHECKING, Any, ClassVar
 
-from django.core.checks import CheckMessage
+from django.core.checks import CheckMessage, Error
 
+from ..conf import shown
 from ..exceptions import MissingExtraError, TransientDeliveryError
-from .broker import BrokerTransport, combination_error, encode_payload, option, render, text_headers, url_error, wrap
+from .broker import (
+    MAX_NETWORK_TIMEOUT,
+    BrokerTransport,
+    combination_error,
+    encode_payload,
+    option,
+    render,
+    text_headers,
+    unreadable_url_error,
+    url_error,
+    wrap,
+)
 
 try:
     import nats
@@ -45,9 +57,30 @@ class NATSOptions:
     stream: str | None = option(None, kind=(str, type(None)))
     create_stream: bool = option(False, kind=bool)
     stream_subjects: tuple[str, ...] | None = option(None, kind=(list, type(None)), items=str)
-    duplicate_window: float = option(120.0, kind=float, minimum=0.1)
-    ack_timeout: float = option(10.0, kind=float, minimum=0.1)
-    connect_timeout: float = option(5.0, kind=float, minimum=0.1)
+    #: NATS keeps it in nanoseconds (int64); a day is far more than any redelivery needs.
+    duplicate_window: float = option(120.0, kind=float, minimum=0.1, maximum=24 * 3600)
+    ack_timeout: float = option(10.0, kind=float, minimum=0.1, maximum=MAX_NETWORK_TIMEOUT)
+    connect_timeout: float = option(5.0, kind=float, minimum=0.1, maximum=MAX_NETWORK_TIMEOUT)
+
+
+def _is_stream_name(stream: str) -> bool:
+    """What nats-py and the server take as a stream name (probed against the server, see the tests)."""
+    return bool(stream) and not any(ch.isspace() or ch in ".*>/\\\x00" or not ch.isprintable() for ch in stream)
+
+
+def _is_subject(subject: str) -> bool:
+    """A subject JetStream answers a publish to: no whitespace, no empty token."""
+    return not any(ch.isspace() or not ch.isprintable() for ch in subject) and all(subject.split("."))
+
+
+def _server_address(url: str) -> tuple[str, int | None]:
+    """The host and port nats-py will connect to; ValueError for a URL it could not use."""
+    from urllib.parse import urlsplit
+
+    parts = urlsplit(url)
+    if not parts.hostname:
+        raise ValueError("no host")
+    return parts.hostname, parts.port  # .port raises ValueError when out of range
 
 
 class NATSTransport(BrokerTransport):
@@ -65,9 +98,33 @@ class NATSTransport(BrokerTransport):
         found: list[CheckMessage] = []
         servers = options["SERVERS"]
         for server in [servers] if isinstance(servers, str) else servers:
-            problem = url_error(name, "SERVERS", server, ("nats", "tls", "ws", "wss"))
+            problem = url_error(name, "SERVERS", server, ("nats", "tls", "ws", "wss")) or unreadable_url_error(
+                name, "SERVERS", server, _server_address
+            )
             if problem:
                 found.append(problem)
+        if isinstance(options.get("STREAM"), str) and not _is_stream_name(options["STREAM"]):
+            where = f"OUTBOX['TRANSPORTS'][{name!r}]['OPTIONS']"
+            found.append(
+                Error(
+                    f"{where}['STREAM'] = {shown(options['STREAM'])} is not a JetStream stream name.",
+                    hint="Use letters, digits, '-' and '_' (no '.', '*', '>', '/', '\\', spaces or NUL).",
+                    id="django_outbox.E051",
+                    obj=where,
+                )
+            )
+        subject = options.get("SUBJECT", "{topic}")
+        if not _is_subject(subject.replace("{topic}", "topic")):
+            where = f"OUTBOX['TRANSPORTS'][{name!r}]['OPTIONS']"
+            found.append(
+                Error(
+                    f"{where}['SUBJECT'] = {shown(subject)} is not a NATS subject: it has whitespace or an empty "
+                    "token ('a..b', a leading or trailing '.').",
+                    hint="Example: 'outbox.{topic}'.",
+                    id="django_outbox.E052",
+                    obj=where,
+                )
+            )
         if options.get("CREATE_STREAM") and not (options.get("STREAM") and options.get("STREAM_SUBJECTS")):
             found.append(
                 combination_error(

@@ -16,7 +16,17 @@ from django.core.checks import CheckMessage
 from django.core.serializers.json import DjangoJSONEncoder
 
 from ..exceptions import MissingExtraError
-from .broker import BrokerTransport, encode_payload, option, redact, render, url_error, wrap
+from .broker import (
+    MAX_NETWORK_TIMEOUT,
+    BrokerTransport,
+    encode_payload,
+    option,
+    redact,
+    render,
+    unreadable_url_error,
+    url_error,
+    wrap,
+)
 
 try:
     import redis
@@ -33,8 +43,9 @@ if TYPE_CHECKING:
 class RedisStreamsOptions:
     url: str = option(kind=str)
     stream: str = option("outbox:{topic}", kind=str, template=True)
-    maxlen: int | None = option(None, kind=(int, type(None)), minimum=1)
-    socket_timeout: float = option(5.0, kind=float, minimum=0.1)
+    #: Redis reads MAXLEN as a signed 64-bit integer.
+    maxlen: int | None = option(None, kind=(int, type(None)), minimum=1, maximum=2**63 - 1)
+    socket_timeout: float = option(5.0, kind=float, minimum=0.1, maximum=MAX_NETWORK_TIMEOUT)
 
 
 class RedisStreamsTransport(BrokerTransport):
@@ -47,7 +58,9 @@ class RedisStreamsTransport(BrokerTransport):
 
     @classmethod
     def check_combination(cls, name: str, options: Mapping[str, Any]) -> list[CheckMessage]:
-        problem = url_error(name, "URL", options["URL"], ("redis", "rediss", "unix"))
+        problem = url_error(name, "URL", options["URL"], ("redis", "rediss", "unix")) or unreadable_url_error(
+            name, "URL", options["URL"], redis.connection.parse_url
+        )
         return [problem] if problem else []
 
     @property

@@ -16,8 +16,12 @@ logger = logging.getLogger("django_outbox.transports")
 def transport_class(backend: str) -> type[BaseTransport]:
     try:
         cls = import_string(backend)
-    except ImportError as exc:  # a missing extra raises MissingExtraError instead, which passes through
-        raise OutboxImproperlyConfigured(f"Cannot import transport backend {backend!r}: {exc}") from exc
+    except OutboxImproperlyConfigured:  # MissingExtraError: the message names the extra to install
+        raise
+    except Exception as exc:  # ImportError, ValueError (".x"), or whatever the module raised on import
+        raise OutboxImproperlyConfigured(
+            f"Cannot import transport backend {backend!r}: {type(exc).__name__}: {exc}"
+        ) from exc
     if not (isinstance(cls, type) and issubclass(cls, BaseTransport)):
         raise OutboxImproperlyConfigured(
             f"Transport backend {backend!r} is not a subclass of django_outbox.transports.BaseTransport."

@@ -13,6 +13,7 @@ import datetime as dt
 import email.utils
 import ipaddress
 import json
+import math
 import socket
 import time
 from collections.abc import Callable, Iterable, Mapping
@@ -24,9 +25,11 @@ from django.core.checks import CheckMessage, Error
 from django.core.serializers.json import DjangoJSONEncoder
 from django.utils.module_loading import import_string
 
+from ..conf import shown
 from ..exceptions import MissingExtraError, PermanentDeliveryError, TransientDeliveryError
 from ..webhooks import secret_key, sign
 from .base import BaseTransport
+from .broker import MAX_NETWORK_TIMEOUT
 
 try:
     import httpcore
@@ -38,6 +41,8 @@ if TYPE_CHECKING:
     from ..models import Message
 
 DEFAULT_TIMEOUT = 10.0
+#: TIMEOUT bounds: below 10 ms nothing answers; above an hour the delivery thread holds its batch that long.
+MIN_TIMEOUT = 0.01
 BODY_EXCERPT_BYTES = 1000
 DRAIN_MAX_BYTES = 64 * 1024
 RETRYABLE_STATUSES = frozenset({408, 429})
@@ -126,6 +131,19 @@ def retry_after_seconds(value: str | None) -> float | None:
     if when.tzinfo is None:
         when = when.replace(tzinfo=dt.UTC)
     return max(0.0, (when - dt.datetime.now(dt.UTC)).total_seconds())
+
+
+def _is_http_url(url: object) -> bool:
+    """Whether httpx can send to ``url``: http(s), a host, a port in range, no NUL or spaces in it."""
+    if not isinstance(url, str) or any(ch.isspace() or not ch.isprintable() for ch in url):
+        return False
+    try:
+        parts = urlsplit(url)
+        parts.port  # noqa: B018  (raises ValueError when out of range)
+        parsed = httpx.URL(url)
+    except (ValueError, httpx.InvalidURL):  # "http://[::1", a port of 99999, a space in the host, NUL
+        return False
+    return parts.scheme in ("http", "https") and bool(parts.hostname) and bool(parsed.host)
 
 
 class WebhookTransport(BaseTransport):
@@ -239,17 +257,19 @@ class WebhookTransport(BaseTransport):
 
         unknown = set(options) - _OPTIONS
         if unknown:
-            error("E047", f"unknown option(s) {', '.join(sorted(unknown))}.", f"Known: {', '.join(sorted(_OPTIONS))}.")
+            names = ", ".join(sorted(shown(key) for key in unknown))
+            error("E047", f"unknown option(s) {names}.", f"Known: {', '.join(sorted(_OPTIONS))}.")
         if "RESOLVER" in options:
             if "URL" in options or "SECRET" in options:
                 error("E041", "RESOLVER replaces URL and SECRET; give one or the other.", "Remove URL and SECRET.")
-            try:
-                resolver = import_string(options["RESOLVER"])
-            except (ImportError, TypeError) as exc:
-                error("E044", f"RESOLVER {options['RESOLVER']!r} cannot be imported: {exc}", "Give a dotted path.")
+            resolver = options["RESOLVER"]
+            try:  # the transport takes a dotted path or the function itself
+                found_resolver = import_string(resolver) if isinstance(resolver, str) else resolver
+            except Exception as exc:  # ImportError, ValueError (".x"), or what the module raised
+                error("E044", f"RESOLVER {shown(resolver)} cannot be imported: {exc}", "Give a dotted path.")
             else:
-                if not callable(resolver):
-                    error("E044", f"RESOLVER {options['RESOLVER']!r} is not callable.", "Point it at a function.")
+                if not callable(found_resolver):
+                    error("E044", f"RESOLVER {shown(resolver)} is not callable.", "Point it at a function.")
         else:
             if "URL" not in options or "SECRET" not in options:
                 error(
@@ -257,19 +277,30 @@ class WebhookTransport(BaseTransport):
                     "a webhook transport needs URL and SECRET, or a RESOLVER.",
                     "Add 'URL' and 'SECRET' (whsec_...), or 'RESOLVER': 'myapp.hooks.target_for'.",
                 )
-            if "URL" in options:
-                url = options["URL"]
-                parts = urlsplit(url) if isinstance(url, str) else None
-                if parts is None or parts.scheme not in ("http", "https") or not parts.hostname:
-                    error("E042", f"URL {url!r} is not an http(s) URL.", "Example: 'https://hooks.example.com/in'.")
+            if "URL" in options and not _is_http_url(options["URL"]):
+                error(
+                    "E042",
+                    f"URL {shown(options['URL'])} is not an http(s) URL.",
+                    "Example: 'https://hooks.example.com/in'.",
+                )
             if "SECRET" in options:
                 try:
                     secret_key(options["SECRET"])
                 except ValueError as exc:
                     error("E043", f"SECRET is not usable: {exc}.", "Make one with django_outbox.webhooks.new_secret().")
         timeout = options.get("TIMEOUT", DEFAULT_TIMEOUT)
-        if isinstance(timeout, bool) or not isinstance(timeout, int | float) or timeout <= 0:
-            error("E045", f"TIMEOUT must be a positive number of seconds, not {timeout!r}.", "Example: 'TIMEOUT': 10.")
+        if (
+            isinstance(timeout, bool)
+            or not isinstance(timeout, int | float)
+            or not (isinstance(timeout, int) or math.isfinite(timeout))
+            or not MIN_TIMEOUT <= timeout <= MAX_NETWORK_TIMEOUT
+        ):
+            error(
+                "E045",
+                f"TIMEOUT must be a number of seconds from {MIN_TIMEOUT:g} to {MAX_NETWORK_TIMEOUT:g}, not "
+                f"{shown(timeout)}.",
+                "Example: 'TIMEOUT': 10.",
+            )
         hosts = options.get("ALLOWED_HOSTS", ())
         if isinstance(hosts, str) or not isinstance(hosts, list | tuple) or not all(isinstance(h, str) for h in hosts):
             error("E046", "ALLOWED_HOSTS must be a list of host names.", "Example: 'ALLOWED_HOSTS': ['127.0.0.1'].")

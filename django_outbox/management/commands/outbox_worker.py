@@ -2,28 +2,31 @@
 
 from __future__ import annotations
 
+import argparse
 import signal
 import sys
+from collections.abc import Callable
 from types import FrameType
 from typing import Any
 
 from django.core.management.base import BaseCommand, CommandError, CommandParser
 
+from django_outbox.conf import bounded
 from django_outbox.relay import Relay, RelayConfig, Stats
 
 
-def _positive_int(value: str) -> int:
-    number = int(value)
-    if number < 1:
-        raise ValueError(value)
-    return number
+def _setting(name: str, kind: type[int] | type[float]) -> Callable[[str], int | float]:
+    """An argparse type for an option that overrides ``OUTBOX[name]``: the same bounds as ``check``'s."""
 
+    def parse(text: str) -> int | float:
+        try:
+            return bounded(name, kind(text))
+        except ValueError as exc:
+            message = str(exc) if str(exc).startswith("OUTBOX[") else f"{text!r} is not {kind.__name__}"
+            raise argparse.ArgumentTypeError(message.replace(f"OUTBOX[{name!r}]", "the value")) from exc
 
-def _positive_float(value: str) -> float:
-    number = float(value)
-    if number <= 0:
-        raise ValueError(value)
-    return number
+    parse.__name__ = name.lower()
+    return parse
 
 
 class Command(BaseCommand):
@@ -35,10 +38,12 @@ class Command(BaseCommand):
             action="store_true",
             help="Exit once nothing can be claimed now and nothing is being processed.",
         )
-        parser.add_argument("--batch-size", type=_positive_int, help="Messages claimed per batch (default 100).")
+        parser.add_argument(
+            "--batch-size", type=_setting("BATCH_SIZE", int), help="Messages claimed per batch (default 100)."
+        )
         parser.add_argument(
             "--concurrency",
-            type=_positive_int,
+            type=_setting("CONCURRENCY", int),
             help="Delivery threads (default OUTBOX['CONCURRENCY']: 2 on PostgreSQL, 1 on SQLite).",
         )
         parser.add_argument(
@@ -49,19 +54,19 @@ class Command(BaseCommand):
         )
         parser.add_argument(
             "--lease",
-            type=_positive_float,
+            type=_setting("LEASE_SECONDS", float),
             metavar="SECONDS",
             help="How long a claim is held before another worker may take it over.",
         )
         parser.add_argument(
             "--poll-interval",
-            type=_positive_float,
+            type=_setting("POLL_INTERVAL_SECONDS", float),
             metavar="SECONDS",
             help="Longest sleep between looks at the table when no wake-up arrives.",
         )
         parser.add_argument(
             "--handler-timeout",
-            type=_positive_float,
+            type=_setting("HANDLER_TIMEOUT_SECONDS", float),
             metavar="SECONDS",
             help="Give up on a delivery call after this long (default OUTBOX['HANDLER_TIMEOUT_SECONDS']: no limit).",
         )
