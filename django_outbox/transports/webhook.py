@@ -75,13 +75,15 @@ def _local_nat64(ip: ipaddress.IPv6Address) -> list[ipaddress.IPv4Address]:
 
     An operator picks the length of a local-use NAT64 prefix (/48, /56, /64 or /96 inside that /48),
     and the IPv4 address sits at a different place for each (RFC 6052 section 2.2, skipping bits 64 to
-    71), which the address alone does not tell: the guard reads it every way and refuses if any reading
-    is not public.
+    71), which the address alone does not tell: the guard reads it every way. Readings in 0.0.0.0/8
+    are the zero padding of another prefix length, never a destination, and are left out; the address
+    is public only if some reading is left and every one left is public.
     """
     bits = format(int(ip), "0128b")
     bits = bits[:64] + bits[72:]  # without the reserved "u" octet
-    starts = {48: 48, 56: 56, 64: 64, 96: 88}  # where the IPv4 address begins once that octet is gone
-    return [ipaddress.IPv4Address(int(bits[start : start + 32], 2)) for start in starts.values()]
+    starts = (48, 56, 64, 88)  # where the IPv4 address begins, once that octet is gone, for /48 /56 /64 /96
+    readings = [ipaddress.IPv4Address(int(bits[start : start + 32], 2)) for start in starts]
+    return [v4 for v4 in readings if int(v4) >> 24 != 0]
 
 
 def _embedded_ipv4(ip: ipaddress.IPv6Address) -> ipaddress.IPv4Address | None:
@@ -107,7 +109,8 @@ def _is_public(address: str) -> bool:
         return False
     if isinstance(ip, ipaddress.IPv6Address):
         if ip in _NAT64_LOCAL:
-            return all(v4.is_global and not v4.is_multicast for v4 in _local_nat64(ip))
+            readings = _local_nat64(ip)
+            return bool(readings) and all(v4.is_global and not v4.is_multicast for v4 in readings)
         embedded = _embedded_ipv4(ip)
         if embedded is not None:
             return embedded.is_global and not embedded.is_multicast
