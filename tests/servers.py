@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import asyncio
 import socket
 import threading
 import time
@@ -30,6 +31,7 @@ class SMTPHandler:
     def __init__(self) -> None:
         self.received: list[Received] = []
         self.refuse: dict[str, str] = {}
+        self.data_delay = 0.0  # seconds to sit on DATA before answering (a slow server)
 
     async def handle_RCPT(self, server: Any, session: Any, envelope: Any, address: str, rcpt_options: Any) -> str:
         if address in self.refuse:
@@ -38,6 +40,8 @@ class SMTPHandler:
         return "250 OK"
 
     async def handle_DATA(self, server: Any, session: Any, envelope: Any) -> str:
+        if self.data_delay:
+            await asyncio.sleep(self.data_delay)
         self.received.append(Received(envelope.mail_from, list(envelope.rcpt_tos), envelope.original_content))
         return "250 Message accepted for delivery"
 
