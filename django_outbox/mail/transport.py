@@ -24,7 +24,8 @@ from django.utils.module_loading import import_string
 from ..conf import get_settings
 from ..exceptions import DeliveryError, PermanentDeliveryError, TransientDeliveryError
 from ..transports.base import BatchTransport
-from .deadline import Watchdog, with_deadline
+from ..watchdog import Watchdog
+from .deadline import with_deadline
 from .payload import from_payload
 
 if TYPE_CHECKING:
