@@ -124,10 +124,12 @@ class EmailTransport(BatchTransport):
                 return self._timed_out(exc) if expired else classify(exc)
         finally:
             self._watchdog.disarm()
+        backend_name = type(self._backend).__name__
+        if self._watchdog.fired:  # the deadline struck just after the reply: that connection is shut
+            self._disconnect()
         if not sent:
             return TransientDeliveryError(
-                f"the email backend {type(self._backend).__name__} reported that it sent nothing; is it set to "
-                "fail silently?"
+                f"the email backend {backend_name} reported that it sent nothing; is it set to fail silently?"
             )
         return None
 

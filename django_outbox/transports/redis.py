@@ -164,6 +164,8 @@ class RedisStreamsTransport(BrokerTransport):
             return [wrap(exc, f"XADD to {where} failed")] * len(messages)
         finally:
             self._watchdog.disarm()
+        if self._watchdog.fired:  # the deadline struck just after the replies: that connection is shut
+            self._reset()
         return [wrap(r, f"XADD to {where} failed") if isinstance(r, BaseException) else None for r in replies]
 
     def _reset(self) -> None:
