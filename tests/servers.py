@@ -135,7 +135,8 @@ class SlowServer:
     - ``"silent"``: accepts the connection and never sends a byte (a hung receiver, SMTP server or broker);
     - ``"drip-headers"``: reads an HTTP request, then sends ``200 OK`` and its headers one byte at a time;
     - ``"drip-body"``: reads an HTTP request, sends the headers at once, then the body one byte at a time;
-    - ``"drip-greeting"``: sends an endless line (an SMTP greeting, a broker banner) one byte at a time.
+    - ``"drip-greeting"``: sends an endless line (an SMTP greeting, a broker banner) one byte at a time;
+    - ``"drip-tls"``: reads a TLS ClientHello, then answers with a handshake record one byte at a time.
 
     Bytes go out every ``interval`` seconds, for at most ``limit`` seconds per connection, so a client
     without a whole-request deadline is held for ``limit`` seconds (and then, for the HTTP modes,
@@ -204,12 +205,16 @@ class SlowServer:
                     return
                 if self.mode in ("drip-headers", "drip-body"):
                     self._read_request(conn)
+                if self.mode == "drip-tls":
+                    conn.recv(65536)  # the ClientHello
                 if self.mode == "drip-body":
                     conn.sendall(self.HTTP_HEAD)
                 if self.mode == "drip-headers":
                     data = self.HTTP_HEAD + b"x" * 4000
                 elif self.mode == "drip-body":
                     data = b"x" * 4000
+                elif self.mode == "drip-tls":
+                    data = b"\x16\x03\x03\x40\x00" + b"\x02" * 16384  # a 16 KiB handshake record
                 else:
                     data = b"2" * 100_000
                 self._drip(conn, data)

@@ -49,7 +49,7 @@ def configure(settings: object, url: str, **options: object) -> None:
     }
 
 
-@pytest.fixture(params=["drip-headers", "drip-body", "silent"])
+@pytest.fixture(params=["drip-headers", "drip-body", "silent", "drip-tls"])
 def slow(request: pytest.FixtureRequest) -> Iterator[SlowServer]:
     server = SlowServer(request.param, interval=0.2, limit=30)
     yield server
@@ -57,7 +57,8 @@ def slow(request: pytest.FixtureRequest) -> Iterator[SlowServer]:
 
 
 def test_a_slow_receiver_is_cut_off_at_the_deadline_and_the_batch_goes_on(settings, handler, slow):
-    configure(settings, slow.url())
+    url = slow.url()
+    configure(settings, url.replace("http:", "https:") if slow.mode == "drip-tls" else url)
     handled: list[str] = []
     handler("audit.*", lambda m: handled.append(str(m.uuid)))
     hook = outbox.send("orders.created", {"id": 1})
