@@ -18,6 +18,8 @@ from django.core import mail
 from django_outbox import outbox
 from django_outbox.checks import check_settings
 from django_outbox.conf import EMAIL_TOPIC
+from django_outbox.exceptions import OutboxImproperlyConfigured
+from django_outbox.mail.transport import EmailTransport
 from django_outbox.models import Attempt, Message
 from django_outbox.relay import Relay, RelayConfig
 
@@ -147,6 +149,12 @@ def test_check_reports_a_bad_timeout_or_option(settings, options):
     messages = [m for m in check_settings() if m.id == "django_outbox.E041"]
     assert len(messages) == 1, check_settings()
     assert "OPTIONS" in messages[0].msg
+
+
+@pytest.mark.parametrize("value", [float("nan"), float("inf"), 0, "60"])
+def test_the_transport_refuses_a_bad_timeout_even_without_check(value):
+    with pytest.raises(OutboxImproperlyConfigured, match="TIMEOUT"):
+        EmailTransport(name="django_outbox.email", options={"TIMEOUT": value})
 
 
 def test_check_accepts_a_good_timeout(settings):

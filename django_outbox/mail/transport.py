@@ -22,7 +22,7 @@ from django.core.mail.backends.base import BaseEmailBackend
 from django.utils.module_loading import import_string
 
 from ..conf import get_settings
-from ..exceptions import DeliveryError, PermanentDeliveryError, TransientDeliveryError
+from ..exceptions import DeliveryError, OutboxImproperlyConfigured, PermanentDeliveryError, TransientDeliveryError
 from ..transports.base import BatchTransport
 from ..watchdog import Watchdog
 from .deadline import with_deadline
@@ -83,6 +83,10 @@ def real_backend() -> BaseEmailBackend:
 class EmailTransport(BatchTransport):
     def __init__(self, *, name: str, options: Mapping[str, Any]) -> None:
         super().__init__(name=name, options=options)
+        found = _option_errors(name, options)
+        if found:  # as the brokers do: a worker started without 'manage.py check' still refuses bad options
+            first = found[0]
+            raise OutboxImproperlyConfigured(f"{first.msg} {first.hint or ''} ({first.id}; run 'manage.py check')")
         self.timeout = float(options.get("TIMEOUT", DEFAULT_TIMEOUT))
         self._backend: BaseEmailBackend | None = None
         self._watchdog = Watchdog()
