@@ -14,6 +14,8 @@ class FlakyProxy:
     """A TCP proxy on loopback in front of a broker; ``down()`` cuts every connection and refuses new ones.
 
     Refusing means accepting and closing at once, so the port stays ours while the "broker" is away.
+    ``freeze()`` keeps every connection open but forwards nothing more either way (a hung broker, or a
+    network that silently drops packets) until ``thaw()``.
     """
 
     def __init__(self, target_host: str, target_port: int) -> None:
@@ -22,6 +24,8 @@ class FlakyProxy:
         self.port = self._listener.getsockname()[1]
         self._up = threading.Event()
         self._up.set()
+        self._flowing = threading.Event()
+        self._flowing.set()
         self._closed = False
         self._sockets: set[socket.socket] = set()
         self._lock = threading.Lock()
@@ -34,6 +38,12 @@ class FlakyProxy:
 
     def up(self) -> None:
         self._up.set()
+
+    def freeze(self) -> None:
+        self._flowing.clear()
+
+    def thaw(self) -> None:
+        self._flowing.set()
 
     def close(self) -> None:
         self._closed = True
@@ -77,6 +87,9 @@ class FlakyProxy:
                 data = source.recv(65536)
                 if not data:
                     break
+                while not self._flowing.wait(0.1):
+                    if self._closed:
+                        return
                 sink.sendall(data)
         except OSError:
             pass

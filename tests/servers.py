@@ -2,8 +2,10 @@
 
 from __future__ import annotations
 
+import asyncio
 import socket
 import threading
+import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
@@ -29,6 +31,7 @@ class SMTPHandler:
     def __init__(self) -> None:
         self.received: list[Received] = []
         self.refuse: dict[str, str] = {}
+        self.data_delay = 0.0  # seconds to sit on DATA before answering (a slow server)
 
     async def handle_RCPT(self, server: Any, session: Any, envelope: Any, address: str, rcpt_options: Any) -> str:
         if address in self.refuse:
@@ -37,6 +40,8 @@ class SMTPHandler:
         return "250 OK"
 
     async def handle_DATA(self, server: Any, session: Any, envelope: Any) -> str:
+        if self.data_delay:
+            await asyncio.sleep(self.data_delay)
         self.received.append(Received(envelope.mail_from, list(envelope.rcpt_tos), envelope.original_content))
         return "250 Message accepted for delivery"
 
@@ -121,3 +126,125 @@ class HTTPServer:
     def stop(self) -> None:
         self.server.shutdown()
         self.server.server_close()
+
+
+class SlowServer:
+    """A TCP server on loopback that misbehaves on purpose, one thread per connection.
+
+    ``mode``:
+    - ``"silent"``: accepts the connection and never sends a byte (a hung receiver, SMTP server or broker);
+    - ``"drip-headers"``: reads an HTTP request, then sends ``200 OK`` and its headers one byte at a time;
+    - ``"drip-body"``: reads an HTTP request, sends the headers at once, then the body one byte at a time;
+    - ``"drip-greeting"``: sends an endless line (an SMTP greeting, a broker banner) one byte at a time;
+    - ``"drip-tls"``: reads a TLS ClientHello, then answers with a handshake record one byte at a time.
+
+    Bytes go out every ``interval`` seconds, for at most ``limit`` seconds per connection, so a client
+    without a whole-request deadline is held for ``limit`` seconds (and then, for the HTTP modes,
+    answered 200), long enough for a test to tell.
+    """
+
+    HTTP_HEAD = (
+        b"HTTP/1.1 200 OK\r\nContent-Type: text/plain\r\nContent-Length: 4000\r\nX-Padding: " + b"p" * 200 + b"\r\n\r\n"
+    )
+
+    def __init__(self, mode: str, *, interval: float = 0.2, limit: float = 30.0) -> None:
+        self.mode = mode
+        self.interval = interval
+        self.limit = limit
+        self.accepted = 0
+        self.closed_by_client = threading.Event()
+        self._stop = threading.Event()
+        self._listener = socket.create_server(("127.0.0.1", 0))
+        self._listener.settimeout(0.1)
+        self.port = int(self._listener.getsockname()[1])
+        self._threads: list[threading.Thread] = []
+        self._accept_thread = threading.Thread(target=self._accept, name=f"test-slow-{mode}", daemon=True)
+        self._accept_thread.start()
+
+    def url(self, path: str = "/hook") -> str:
+        return f"http://127.0.0.1:{self.port}{path}"
+
+    def _accept(self) -> None:
+        while not self._stop.is_set():
+            try:
+                conn, _ = self._listener.accept()
+            except TimeoutError:
+                continue
+            except OSError:
+                return
+            self.accepted += 1
+            thread = threading.Thread(target=self._serve, args=(conn,), daemon=True)
+            thread.start()
+            self._threads.append(thread)
+
+    def _read_request(self, conn: socket.socket) -> None:
+        data = b""
+        while b"\r\n\r\n" not in data and not self._stop.is_set():
+            chunk = conn.recv(65536)
+            if not chunk:
+                return
+            data += chunk
+        head, _, body = data.partition(b"\r\n\r\n")
+        length = 0
+        for line in head.split(b"\r\n"):
+            name, _, value = line.partition(b":")
+            if name.strip().lower() == b"content-length":
+                length = int(value.strip())
+        while len(body) < length:
+            chunk = conn.recv(65536)
+            if not chunk:
+                return
+            body += chunk
+
+    def _serve(self, conn: socket.socket) -> None:
+        with conn:
+            conn.settimeout(self.limit)
+            try:
+                if self.mode == "silent":
+                    self._wait_for_close(conn)
+                    return
+                if self.mode in ("drip-headers", "drip-body"):
+                    self._read_request(conn)
+                if self.mode == "drip-tls":
+                    conn.recv(65536)  # the ClientHello
+                if self.mode == "drip-body":
+                    conn.sendall(self.HTTP_HEAD)
+                if self.mode == "drip-headers":
+                    data = self.HTTP_HEAD + b"x" * 4000
+                elif self.mode == "drip-body":
+                    data = b"x" * 4000
+                elif self.mode == "drip-tls":
+                    data = b"\x16\x03\x03\x40\x00" + b"\x02" * 16384  # a 16 KiB handshake record
+                else:
+                    data = b"2" * 100_000
+                self._drip(conn, data)
+            except OSError:
+                self.closed_by_client.set()
+
+    def _drip(self, conn: socket.socket, data: bytes) -> None:
+        ends = time.monotonic() + self.limit
+        for index in range(len(data)):
+            if time.monotonic() >= ends:
+                conn.sendall(data[index:])  # give up being slow: a client without a deadline then finishes
+                return
+            conn.sendall(data[index : index + 1])
+            if self._stop.wait(self.interval):
+                return
+
+    def _wait_for_close(self, conn: socket.socket) -> None:
+        ends = time.monotonic() + self.limit
+        conn.settimeout(0.1)
+        while time.monotonic() < ends and not self._stop.is_set():
+            try:
+                if not conn.recv(65536):
+                    self.closed_by_client.set()
+                    return
+            except TimeoutError:
+                continue
+
+    def stop(self) -> None:
+        self._stop.set()
+        self._listener.close()
+        self._accept_thread.join(timeout=5)
+        for thread in self._threads:
+            thread.join(timeout=5)

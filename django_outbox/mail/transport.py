@@ -4,10 +4,15 @@ One connection per batch: opened for the first email, reused for the rest, close
 idle worker holds no SMTP connection that the server may have dropped meanwhile. SMTP replies decide
 the outcome: a 5xx refusal of every recipient, of the sender or of the data is permanent; everything
 else (4xx, a server that is down, a dropped connection) is tried again later.
+
+Each email has ``OPTIONS["TIMEOUT"]`` seconds for connecting, the whole SMTP dialogue and closing
+(see ``deadline.py``). When the server could not be reached or ran out the deadline, the rest of the
+batch fails at once with the same reason instead of waiting that long again, email after email.
 """
 
 from __future__ import annotations
 
+import math
 import smtplib
 from collections.abc import Mapping, Sequence
 from typing import TYPE_CHECKING, Any
@@ -16,14 +21,20 @@ from django.core.checks import CheckMessage, Error, Warning
 from django.core.mail.backends.base import BaseEmailBackend
 from django.utils.module_loading import import_string
 
-from ..conf import get_settings, shown
-from ..exceptions import DeliveryError, PermanentDeliveryError, TransientDeliveryError
+from ..conf import get_settings
+from ..exceptions import DeliveryError, OutboxImproperlyConfigured, PermanentDeliveryError, TransientDeliveryError
 from ..transports.base import BatchTransport
+from ..watchdog import Watchdog
+from .deadline import with_deadline
 from .payload import from_payload
 
 if TYPE_CHECKING:
     from ..models import Message
 
+DEFAULT_TIMEOUT = 60.0
+#: A day: beyond that a number is a mistake (and ``threading.Timer`` refuses what overflows its clock).
+MAX_TIMEOUT = 86400.0
+_OPTIONS = frozenset({"TIMEOUT"})
 OWN_BACKEND = "django_outbox.mail.EmailBackend"
 _OWN_BACKENDS = {OWN_BACKEND, "django_outbox.mail.backend.EmailBackend"}
 
@@ -72,13 +83,26 @@ def real_backend() -> BaseEmailBackend:
 class EmailTransport(BatchTransport):
     def __init__(self, *, name: str, options: Mapping[str, Any]) -> None:
         super().__init__(name=name, options=options)
+        found = _option_errors(name, options)
+        if found:  # as the brokers do: a worker started without 'manage.py check' still refuses bad options
+            first = found[0]
+            raise OutboxImproperlyConfigured(f"{first.msg} {first.hint or ''} ({first.id}; run 'manage.py check')")
+        self.timeout = float(options.get("TIMEOUT", DEFAULT_TIMEOUT))
         self._backend: BaseEmailBackend | None = None
+        self._watchdog = Watchdog()
 
     def deliver_batch(self, messages: Sequence[Message]) -> list[BaseException | None]:
         results: list[BaseException | None] = []
+        unreachable: BaseException | None = None  # why the server could not be talked to, if it could not
         try:
             for message in messages:
-                results.append(self._send(message))
+                if unreachable is not None:
+                    results.append(self._not_tried(unreachable))
+                    continue
+                result = self._send(message)
+                results.append(result)
+                if _unreachable(result):
+                    unreachable = result
         finally:
             self._disconnect()
         return results
@@ -90,20 +114,45 @@ class EmailTransport(BatchTransport):
             error = PermanentDeliveryError(f"the stored email cannot be rebuilt: {type(exc).__name__}: {exc}")
             error.__cause__ = exc
             return error
+        self._watchdog.arm(self.timeout)
         try:
-            if self._backend is None:
-                self._backend = real_backend()
-                self._backend.open()
-            sent = self._backend.send_messages([email])
-        except Exception as exc:
-            self._disconnect()  # the next email starts on a fresh connection
-            return classify(exc)
+            try:
+                if self._backend is None:
+                    self._backend = real_backend()
+                    with_deadline(self._backend, self.timeout)
+                    self._backend.open()
+                sent = self._backend.send_messages([email])
+            except Exception as exc:
+                expired = self._watchdog.expired()
+                self._disconnect()  # the next email starts on a fresh connection; closing is within the deadline
+                return self._timed_out(exc) if expired else classify(exc)
+        finally:
+            self._watchdog.disarm()
+        backend_name = type(self._backend).__name__
+        if self._watchdog.fired:  # the deadline struck just after the reply: that connection is shut
+            self._disconnect()
         if not sent:
             return TransientDeliveryError(
-                f"the email backend {type(self._backend).__name__} reported that it sent nothing; is it set to "
-                "fail silently?"
+                f"the email backend {backend_name} reported that it sent nothing; is it set to fail silently?"
             )
         return None
+
+    def _timed_out(self, exc: BaseException) -> DeliveryError:
+        error = _DeadlineError(
+            f"the mail server did not complete the email within {self.timeout:g} s (OPTIONS['TIMEOUT'] of "
+            f"transport {self.name!r} bounds connecting, the SMTP dialogue and closing together); "
+            f"the connection was cut: {type(exc).__name__}: {exc}"
+        )
+        error.__cause__ = exc
+        return error
+
+    @staticmethod
+    def _not_tried(reason: BaseException) -> DeliveryError:
+        error = TransientDeliveryError(
+            f"not tried: an earlier email of this batch found the mail server unusable ({reason})"
+        )
+        error.__cause__ = reason
+        return error
 
     def _disconnect(self) -> None:
         backend, self._backend = self._backend, None
@@ -121,18 +170,7 @@ class EmailTransport(BatchTransport):
         import django
 
         conf = get_settings()
-        found: list[CheckMessage] = _link_warnings()
-        if options:  # it sends with OUTBOX["EMAIL_BACKEND"] / EMAIL_MAILER and has no options of its own
-            where = f"OUTBOX['TRANSPORTS'][{name!r}]['OPTIONS']"
-            found.append(
-                Error(
-                    f"{where}: the email transport takes no options, not {', '.join(sorted(map(shown, options)))}.",
-                    hint="Configure the backend it sends with through OUTBOX['EMAIL_BACKEND'] (or EMAIL_MAILER) "
-                    "and Django's EMAIL_* settings; leave OPTIONS empty.",
-                    id="django_outbox.E041",
-                    obj=where,
-                )
-            )
+        found: list[CheckMessage] = [*_option_errors(name, options), *_link_warnings()]
         if conf.EMAIL_MAILER:
             if django.VERSION < (6, 1):
                 found.append(
@@ -171,6 +209,51 @@ class EmailTransport(BatchTransport):
                 )
             )
         return found
+
+
+class _DeadlineError(TransientDeliveryError):
+    """An email ran out of ``OPTIONS["TIMEOUT"]``."""
+
+
+def _unreachable(result: BaseException | None) -> bool:
+    """Whether ``result`` says the server cannot be talked to now (so later emails need not try)."""
+    if isinstance(result, _DeadlineError):
+        return True
+    cause = result.__cause__ if isinstance(result, DeliveryError) else result
+    return isinstance(cause, smtplib.SMTPServerDisconnected | smtplib.SMTPConnectError | ConnectionError | TimeoutError)
+
+
+def _option_errors(name: str, options: Mapping[str, Any]) -> list[CheckMessage]:
+    where = f"OUTBOX['TRANSPORTS'][{name!r}]['OPTIONS']"
+    found: list[CheckMessage] = []
+    unknown = sorted(set(options) - _OPTIONS, key=str)
+    if unknown:
+        found.append(
+            Error(
+                f"{where}: unknown option(s) {', '.join(map(str, unknown))} for the email transport.",
+                hint="Its only option is TIMEOUT (seconds per email); the backend is OUTBOX['EMAIL_BACKEND'].",
+                id="django_outbox.E041",
+                obj=where,
+            )
+        )
+    timeout = options.get("TIMEOUT", DEFAULT_TIMEOUT)
+    if (
+        isinstance(timeout, bool)
+        or not isinstance(timeout, int | float)
+        or not math.isfinite(timeout)
+        or timeout <= 0
+        or timeout > MAX_TIMEOUT
+    ):
+        found.append(
+            Error(
+                f"{where}['TIMEOUT'] must be a finite number of seconds above 0 and at most {MAX_TIMEOUT:g}, "
+                f"not {timeout!r}.",
+                hint="Example: 'TIMEOUT': 60.",
+                id="django_outbox.E041",
+                obj=where,
+            )
+        )
+    return found
 
 
 def _outbox_backend_in_use() -> bool:

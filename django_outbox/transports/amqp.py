@@ -80,6 +80,7 @@ class AMQPTransport(BrokerTransport):
         self._failure: BaseException | None = None  # why the connection or channel is unusable
         self._running = False
         self._stop_when: Callable[[], bool] | None = None
+        self._running_loop: Any = None  # the I/O loop _run_until is running, for callbacks to stop
         self._last_tag = 0
         self._pending: dict[int, tuple[int, str]] = {}  # delivery tag -> (index in batch, message id)
         self._returned: dict[str, str] = {}  # message id -> why the broker returned it
@@ -210,11 +211,15 @@ class AMQPTransport(BrokerTransport):
             transport = getattr(connection, "_transport", None)
             if transport is not None:  # the broker never answered the close; drop the socket
                 transport.abort()
+                # pika closes the socket in a later callback of the loop: run it, or the socket leaks
+                self._run_until(lambda: connection.is_closed, 0.5, connection=connection)
         connection.ioloop.close()
 
-    def _run_until(self, done: Callable[[], bool], timeout: float) -> None:
+    def _run_until(
+        self, done: Callable[[], bool], timeout: float, *, connection: pika.SelectConnection | None = None
+    ) -> None:
         """Run the connection's I/O loop until ``done()`` or ``timeout`` seconds (0: one pass)."""
-        connection = self._connection
+        connection = connection or self._connection
         if connection is None or done():
             return
         ioloop = connection.ioloop
@@ -222,18 +227,18 @@ class AMQPTransport(BrokerTransport):
         while True:
             remaining = deadline - time.monotonic()
             timer = ioloop.call_later(max(remaining, 0), ioloop.stop)
-            self._stop_when, self._running = done, True
+            self._stop_when, self._running, self._running_loop = done, True, ioloop
             try:
                 ioloop.start()
             finally:
-                self._stop_when, self._running = None, False
+                self._stop_when, self._running, self._running_loop = None, False, None
                 ioloop.remove_timeout(timer)
             if done() or time.monotonic() >= deadline:
                 return
 
     def _wake(self) -> None:
-        if self._running and self._stop_when is not None and self._stop_when() and self._connection is not None:
-            self._connection.ioloop.stop()
+        if self._running and self._stop_when is not None and self._stop_when() and self._running_loop is not None:
+            self._running_loop.stop()
 
     @staticmethod
     def _describe(exc: BaseException) -> str:

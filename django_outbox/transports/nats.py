@@ -48,6 +48,8 @@ if TYPE_CHECKING:
     from ..models import Message
 
 MSG_ID_HEADER = "Nats-Msg-Id"
+#: Seconds a failed connection may take to close before it is dropped.
+CLOSE_GRACE_SECONDS = 2.0
 
 
 @dataclasses.dataclass(frozen=True, kw_only=True)
@@ -138,8 +140,22 @@ class NATSTransport(BrokerTransport):
     # --- delivery --------------------------------------------------------------------------------
 
     def deliver_batch(self, messages: Sequence[Message]) -> list[BaseException | None]:
+        """Publish the batch; the whole call takes at most CONNECT_TIMEOUT + ACK_TIMEOUT (+ closing).
+
+        Each step of nats-py has its own timeout (TCP connect, INFO, PONG, stream look-up, PubAcks), so a
+        server that answers each just in time would add them up; one ``wait_for`` bounds them together.
+        """
+        bound = self.settings.connect_timeout + self.settings.ack_timeout
         try:
-            return self._loop.run_until_complete(self._publish(messages))
+            return self._loop.run_until_complete(asyncio.wait_for(self._publish(messages), bound))
+        except TimeoutError as exc:
+            self._loop.run_until_complete(self._disconnect())
+            error = TransientDeliveryError(
+                f"publishing to NATS timed out: a batch has at most {bound:g} s (OPTIONS CONNECT_TIMEOUT + "
+                "ACK_TIMEOUT) to connect and be acknowledged"
+            )
+            error.__cause__ = exc
+            return [error] * len(messages)
         except Exception as exc:
             self._loop.run_until_complete(self._disconnect())
             return [wrap(exc, "publishing to NATS failed")] * len(messages)
@@ -228,12 +244,26 @@ class NATSTransport(BrokerTransport):
             return
         if not nc.is_closed:
             try:
-                await nc.close()
+                await asyncio.wait_for(nc.close(), CLOSE_GRACE_SECONDS)
+            except asyncio.CancelledError:  # the batch's own bound ran out while closing
+                self._abort(nc)
+                raise
             except Exception:
-                pass
+                self._abort(nc)
         # let the socket's close callbacks run on this loop, which stops as soon as we return
         for _ in range(3):
             await asyncio.sleep(0)
+
+    @staticmethod
+    def _abort(nc: NATSClient) -> None:
+        """Drop the socket of a client whose close did not finish (a hung server does not read our goodbye).
+
+        nats-py offers no abort; its TCP transport keeps asyncio's writer as ``_io_writer``.
+        """
+        writer = getattr(getattr(nc, "_transport", None), "_io_writer", None)
+        transport = getattr(writer, "transport", None)
+        if transport is not None:
+            transport.abort()
 
     @staticmethod
     async def _ignore(exc: Exception) -> None:

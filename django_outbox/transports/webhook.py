@@ -15,6 +15,8 @@ import ipaddress
 import json
 import math
 import socket
+import ssl
+import threading
 import time
 from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass
@@ -45,6 +47,7 @@ DEFAULT_TIMEOUT = 10.0
 MIN_TIMEOUT = 0.01
 BODY_EXCERPT_BYTES = 1000
 DRAIN_MAX_BYTES = 64 * 1024
+WRITE_SLICE_BYTES = 16 * 1024
 RETRYABLE_STATUSES = frozenset({408, 429})
 USER_AGENT = "django-transactional-outbox webhook"
 _OPTIONS = frozenset({"URL", "SECRET", "TIMEOUT", "ALLOWED_HOSTS", "RESOLVER"})
@@ -62,18 +65,122 @@ class BlockedAddressError(PermanentDeliveryError):
     """The target resolves to an address that webhooks may not reach (server-side request forgery guard)."""
 
 
+#: IPv6 prefixes that carry an IPv4 address in their last 32 bits, each judged by that IPv4 address:
+#: the NAT64 well-known prefix (RFC 6052), IPv4-translated (RFC 2765) and the deprecated
+#: IPv4-compatible form (RFC 4291). IPv4-mapped, 6to4 and Teredo have their own accessors in
+#: ``ipaddress``; the local-use NAT64 prefix (RFC 8215) is handled apart, see ``_local_nat64``.
+_NAT64 = ipaddress.IPv6Network("64:ff9b::/96")
+_NAT64_LOCAL = ipaddress.IPv6Network("64:ff9b:1::/48")
+_TRANSLATED = ipaddress.IPv6Network("::ffff:0:0:0/96")
+_COMPATIBLE = ipaddress.IPv6Network("::/96")
+
+
+def _local_nat64(ip: ipaddress.IPv6Address) -> list[ipaddress.IPv4Address]:
+    """Every IPv4 address an address of ``64:ff9b:1::/48`` may stand for.
+
+    An operator picks the length of a local-use NAT64 prefix (/48, /56, /64 or /96 inside that /48),
+    and the IPv4 address sits at a different place for each (RFC 6052 section 2.2, skipping bits 64 to
+    71), which the address alone does not tell: the guard reads it every way. Readings in 0.0.0.0/8
+    are the zero padding of another prefix length, never a destination, and are left out; the address
+    is public only if some reading is left and every one left is public.
+    """
+    bits = format(int(ip), "0128b")
+    bits = bits[:64] + bits[72:]  # without the reserved "u" octet
+    starts = (48, 56, 64, 88)  # where the IPv4 address begins, once that octet is gone, for /48 /56 /64 /96
+    readings = [ipaddress.IPv4Address(int(bits[start : start + 32], 2)) for start in starts]
+    return [v4 for v4 in readings if int(v4) >> 24 != 0]
+
+
+def _embedded_ipv4(ip: ipaddress.IPv6Address) -> ipaddress.IPv4Address | None:
+    """The IPv4 address a packet to ``ip`` really reaches, for the IPv6 forms that embed one."""
+    if ip.ipv4_mapped is not None:
+        return ip.ipv4_mapped
+    if ip.sixtofour is not None:
+        return ip.sixtofour
+    if ip.teredo is not None:
+        return ip.teredo[1]  # the client, whose address Teredo stores inverted; ipaddress undoes that
+    if ip in _NAT64 or ip in _TRANSLATED or (ip in _COMPATIBLE and int(ip) > 1):
+        return ipaddress.IPv4Address(int(ip) & 0xFFFFFFFF)
+    return None
+
+
 def _is_public(address: str) -> bool:
-    ip = ipaddress.ip_address(address.split("%", 1)[0])
-    if isinstance(ip, ipaddress.IPv6Address) and ip.ipv4_mapped is not None:
-        ip = ip.ipv4_mapped
+    """Whether a webhook may connect to ``address``: a global unicast address, judged by the IPv4
+    address it embeds for the IPv6 forms that translate or tunnel to IPv4 (``64:ff9b::7f00:1`` is
+    127.0.0.1 behind a NAT64 gateway, so it is as private as 127.0.0.1)."""
+    try:
+        ip = ipaddress.ip_address(address.split("%", 1)[0])
+    except ValueError:
+        return False
+    if isinstance(ip, ipaddress.IPv6Address):
+        if ip in _NAT64_LOCAL:
+            readings = _local_nat64(ip)
+            return bool(readings) and all(v4.is_global and not v4.is_multicast for v4 in readings)
+        embedded = _embedded_ipv4(ip)
+        if embedded is not None:
+            return embedded.is_global and not embedded.is_multicast
     return ip.is_global and not ip.is_multicast
 
 
+class _DeadlineStream(httpcore.NetworkStream):
+    """A connection whose every read and write waits at most until the current request's deadline.
+
+    httpx's timeouts bound each read and each write, so a receiver that sends one byte per second
+    keeps a request alive for ever. Here each operation gets ``min(its own timeout, time left)``, and
+    none starts once the deadline has passed. Between requests (no deadline), a pooled connection
+    behaves as a plain one.
+    """
+
+    def __init__(self, inner: httpcore.NetworkStream, backend: _GuardedBackend) -> None:
+        self._inner = inner
+        self._backend = backend
+
+    def read(self, max_bytes: int, timeout: float | None = None) -> bytes:
+        return self._inner.read(max_bytes, self._backend.budget(timeout, httpcore.ReadTimeout))
+
+    def write(self, buffer: bytes, timeout: float | None = None) -> None:
+        # In slices, so a receiver that reads slowly meets the deadline between two of them.
+        view = memoryview(buffer)
+        for start in range(0, len(view), WRITE_SLICE_BYTES):
+            chunk = bytes(view[start : start + WRITE_SLICE_BYTES])
+            self._inner.write(chunk, self._backend.budget(timeout, httpcore.WriteTimeout))
+
+    def close(self) -> None:
+        self._inner.close()
+
+    def start_tls(
+        self,
+        ssl_context: ssl.SSLContext,
+        server_hostname: str | None = None,
+        timeout: float | None = None,
+    ) -> httpcore.NetworkStream:
+        budget = self._backend.budget(timeout, httpcore.ConnectTimeout)
+        return _DeadlineStream(self._inner.start_tls(ssl_context, server_hostname, budget), self._backend)
+
+    def get_extra_info(self, info: str) -> Any:
+        return self._inner.get_extra_info(info)
+
+
 class _GuardedBackend(httpcore.SyncBackend):
-    """Resolves the host itself, refuses non-public addresses, then connects to the checked address."""
+    """Resolves the host itself, refuses non-public addresses, then connects to the checked address.
+
+    It also carries the deadline of the request in progress (``deadline``, a ``time.monotonic()``
+    value, or None between requests), which every connection it made obeys. One backend serves one
+    transport, and so one thread: the deadline needs no lock.
+    """
 
     def __init__(self, allowed_hosts: Iterable[str]) -> None:
         self.allowed = {h.lower().strip("[]") for h in allowed_hosts}
+        self.deadline: float | None = None
+
+    def budget(self, timeout: float | None, error: type[Exception]) -> float | None:
+        """How long the next operation may wait: its own timeout, cut to the time the request has left."""
+        if self.deadline is None:
+            return timeout
+        left = self.deadline - time.monotonic()
+        if left <= 0:
+            raise error("the request's deadline (OPTIONS['TIMEOUT']) has passed")
+        return left if timeout is None else min(timeout, left)
 
     def connect_tcp(
         self,
@@ -83,11 +190,7 @@ class _GuardedBackend(httpcore.SyncBackend):
         local_address: str | None = None,
         socket_options: Iterable[Any] | None = None,
     ) -> httpcore.NetworkStream:
-        try:
-            infos = socket.getaddrinfo(host, port, type=socket.SOCK_STREAM)
-        except OSError as exc:
-            raise httpcore.ConnectError(f"cannot resolve {host!r}: {exc}") from exc
-        addresses = list(dict.fromkeys(str(info[4][0]) for info in infos))
+        addresses = self._resolve(host, port, self.budget(timeout, httpcore.ConnectTimeout))
         if host.lower() not in self.allowed:
             blocked = [a for a in addresses if not _is_public(a)]
             if blocked:
@@ -98,14 +201,50 @@ class _GuardedBackend(httpcore.SyncBackend):
         last: Exception | None = None
         for address in addresses:
             try:
-                return super().connect_tcp(address, port, timeout, local_address, socket_options)
+                budget = self.budget(timeout, httpcore.ConnectTimeout)
+                stream = super().connect_tcp(address, port, budget, local_address, socket_options)
             except (httpcore.ConnectError, httpcore.ConnectTimeout) as exc:
                 last = exc
+            else:
+                return _DeadlineStream(stream, self)
         raise last or httpcore.ConnectError(f"no address for {host!r}")
+
+    @staticmethod
+    def _resolve(host: str, port: int, timeout: float | None) -> list[str]:
+        """The addresses of ``host``, waiting at most ``timeout`` for the system resolver.
+
+        ``getaddrinfo()`` takes no timeout, so a name is looked up on a daemon thread that is left
+        behind if the resolver hangs; IP literals need no look-up.
+        """
+        try:
+            ipaddress.ip_address(host.split("%", 1)[0])
+        except ValueError:
+            pass
+        else:
+            return [host]
+        found: list[str] = []
+        failure: list[OSError] = []
+
+        def look_up() -> None:
+            try:
+                infos = socket.getaddrinfo(host, port, type=socket.SOCK_STREAM)
+            except OSError as exc:
+                failure.append(exc)
+            else:
+                found.extend(dict.fromkeys(str(info[4][0]) for info in infos))
+
+        thread = threading.Thread(target=look_up, name="outbox-webhook-dns", daemon=True)
+        thread.start()
+        thread.join(timeout)
+        if thread.is_alive():
+            raise httpcore.ConnectTimeout(f"resolving {host!r} took longer than {timeout:g} s")
+        if failure:
+            raise httpcore.ConnectError(f"cannot resolve {host!r}: {failure[0]}") from failure[0]
+        return found
 
 
 class _GuardedTransport(httpx.HTTPTransport):
-    def __init__(self, allowed_hosts: Iterable[str]) -> None:
+    def __init__(self, backend: _GuardedBackend) -> None:
         super().__init__(trust_env=False)
         # httpx has no public way to give its pool a network backend; replace the pool it built.
         self._pool = httpcore.ConnectionPool(
@@ -113,7 +252,7 @@ class _GuardedTransport(httpx.HTTPTransport):
             max_connections=100,
             max_keepalive_connections=20,
             keepalive_expiry=5.0,
-            network_backend=_GuardedBackend(allowed_hosts),
+            network_backend=backend,
         )
 
 
@@ -156,16 +295,19 @@ class WebhookTransport(BaseTransport):
             import_string(resolver) if isinstance(resolver, str) else resolver
         )
         self._client: httpx.Client | None = None
+        self._backend = _GuardedBackend(self.allowed_hosts)
 
     @property
     def client(self) -> httpx.Client:
         if self._client is None:
             self._client = httpx.Client(
-                transport=_GuardedTransport(self.allowed_hosts),
+                transport=_GuardedTransport(self._backend),
                 timeout=self.timeout,
                 follow_redirects=False,
                 trust_env=False,
-                headers={"User-Agent": USER_AGENT},
+                # identity: an error body is read raw, so a small compressed answer cannot unpack into
+                # megabytes in memory before the excerpt is cut
+                headers={"User-Agent": USER_AGENT, "Accept-Encoding": "identity"},
             )
         return self._client
 
@@ -198,16 +340,24 @@ class WebhookTransport(BaseTransport):
             "webhook-signature": sign(target.secret, msg_id, timestamp, body),
             "Idempotency-Key": message.idempotency_key or msg_id,
         }
+        client = self.client
+        # One deadline for connect, request, headers and body together: see _DeadlineStream.
+        self._backend.deadline = time.monotonic() + self.timeout
         try:
-            with self.client.stream("POST", target.url, content=body, headers=headers) as response:
+            with client.stream("POST", target.url, content=body, headers=headers) as response:
                 if response.is_success:
                     self._drain(response)
                     return
                 excerpt = self._excerpt(response)
         except httpx.TimeoutException as exc:
-            raise TransientDeliveryError(f"webhook to {target.url} timed out after {self.timeout:g}s: {exc}") from exc
+            raise TransientDeliveryError(
+                f"webhook to {target.url} timed out: it did not complete within {self.timeout:g} s "
+                f"(OPTIONS['TIMEOUT'] bounds connect, headers and body together; {type(exc).__name__}: {exc})"
+            ) from exc
         except httpx.TransportError as exc:
             raise TransientDeliveryError(f"webhook to {target.url} failed: {type(exc).__name__}: {exc}") from exc
+        finally:
+            self._backend.deadline = None
         status = response.status_code
         detail = f"webhook to {target.url} answered HTTP {status}"
         if 300 <= status < 400:
@@ -219,26 +369,36 @@ class WebhookTransport(BaseTransport):
 
     @staticmethod
     def _drain(response: httpx.Response) -> None:
-        """Read a small body to the end, so the connection goes back to the pool instead of being closed."""
+        """Read a small body to the end, so the connection goes back to the pool instead of being closed.
+
+        A body larger than ``DRAIN_MAX_BYTES`` is left unread (the connection is closed instead). A body
+        that does not arrive before the deadline is a timeout like any other: the answer never completed.
+        """
         seen = 0
         try:
             for chunk in response.iter_raw():
                 seen += len(chunk)
                 if seen > DRAIN_MAX_BYTES:
                     break
+        except httpx.TimeoutException:
+            raise
         except httpx.HTTPError:
             pass  # delivered all the same: the status line said so
 
     @staticmethod
     def _excerpt(response: httpx.Response) -> str:
+        """The start of an error body, read raw and cut at ``BODY_EXCERPT_BYTES``; best effort."""
         data = b""
         try:
-            for chunk in response.iter_bytes():
+            for chunk in response.iter_raw():
                 data += chunk
                 if len(data) >= BODY_EXCERPT_BYTES:
                     break
         except httpx.HTTPError:
-            pass  # an excerpt is best effort
+            pass  # an excerpt is best effort; the status decides
+        encoding = response.headers.get("Content-Encoding", "identity").strip().lower()
+        if encoding not in ("", "identity"):
+            return f"({encoding}-encoded body not shown)" if data else ""
         text = data[:BODY_EXCERPT_BYTES].decode(response.encoding or "utf-8", errors="replace").strip()
         return text + ("..." if len(data) >= BODY_EXCERPT_BYTES else "")
 
