@@ -289,3 +289,18 @@ def test_new_secrets_work_with_standardwebhooks():
 def test_checks(settings, options, expected):
     settings.OUTBOX = {"TRANSPORTS": {"hooks": {"BACKEND": BACKEND, "OPTIONS": options}}}
     assert {m.id for m in check_settings()} == expected
+
+
+def test_an_idempotency_key_outside_ascii_is_sent_percent_encoded(hooks, server):
+    """HTTP header values are ASCII; a key any other transport carries as it is must not fail every attempt."""
+    from urllib.parse import unquote
+
+    message = outbox.send("orders.created", {"id": 7}, idempotency_key="заказ-7 ✓")
+    assert relay().stats.delivered == 1
+    (request,) = server.requests
+    sent = request.headers["idempotency-key"]
+    assert sent.isascii() and unquote(sent) == "заказ-7 ✓"
+    outbox.send("orders.created", {"id": 8}, idempotency_key="plain-8%")  # ASCII stays as it is
+    relay()
+    assert server.requests[-1].headers["idempotency-key"] == "plain-8%"
+    assert Message.objects.get(pk=message.pk).status == Message.Status.DELIVERED

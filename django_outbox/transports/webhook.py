@@ -18,6 +18,7 @@ import socket
 import ssl
 import threading
 import time
+import urllib.parse
 from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
@@ -285,6 +286,18 @@ def _is_http_url(url: object) -> bool:
     return parts.scheme in ("http", "https") and bool(parts.hostname) and bool(parsed.host)
 
 
+def _header_value(text: str) -> str:
+    """``text`` as an HTTP header value: ASCII as it is, anything else percent-encoded as UTF-8.
+
+    HTTP header values are ASCII (httpx refuses others, so such a key failed every attempt until the
+    message was dead), while ``send()`` takes any idempotency key other transports carry unchanged. The
+    encoding is deterministic, so a receiver deduplicating on the header still sees one value per key.
+    """
+    if text.isascii() and text.isprintable():
+        return text
+    return urllib.parse.quote(text, safe="".join(chr(c) for c in range(0x21, 0x7F) if chr(c) != "%"))
+
+
 class WebhookTransport(BaseTransport):
     def __init__(self, *, name: str, options: Mapping[str, Any]) -> None:
         super().__init__(name=name, options=options)
@@ -338,7 +351,7 @@ class WebhookTransport(BaseTransport):
             "webhook-id": msg_id,
             "webhook-timestamp": str(timestamp),
             "webhook-signature": sign(target.secret, msg_id, timestamp, body),
-            "Idempotency-Key": message.idempotency_key or msg_id,
+            "Idempotency-Key": _header_value(message.idempotency_key or msg_id),
         }
         client = self.client
         # One deadline for connect, request, headers and body together: see _DeadlineStream.
