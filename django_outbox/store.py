@@ -299,6 +299,10 @@ def refresh_connections() -> None:
 # --- producing ---------------------------------------------------------------------------------
 
 
+#: Writes of one message tried when its idempotency key's holder keeps vanishing in between (archiving).
+_INSERT_TRIES = 5
+
+
 def insert(alias: str, new: NewMessage, *, notify: str | None = None) -> tuple[Message, bool]:
     """Write one pending message in the caller's transaction; returns (message, created).
 
@@ -324,15 +328,21 @@ def insert(alias: str, new: NewMessage, *, notify: str | None = None) -> tuple[M
         params.append(notify)
     sql = _insert_sql(pg, keyed=new.key is not None, idempotent=new.idempotency_key is not None, notify=notifying)
     with conn.cursor() as cursor:
-        cursor.execute(sql, params)
-        row = cursor.fetchone()
-        if row is None:
-            cursor.execute(f"SELECT {COLUMNS} FROM {MESSAGE} WHERE idempotency_key = %s", [new.idempotency_key])
+        for _ in range(_INSERT_TRIES):
+            cursor.execute(sql, params)
             row = cursor.fetchone()
-            if row is None:  # pragma: no cover - the conflicting row was deleted in between
-                raise RuntimeError("idempotency conflict on a message that no longer exists; send again")
-            return _to_message(alias, conn, row), False
-    return _new_message(alias, int(row[0]), new), True
+            if row is not None:
+                return _new_message(alias, int(row[0]), new), True
+            cursor.execute(f"SELECT {COLUMNS} FROM {MESSAGE} WHERE idempotency_key = %s", [new.idempotency_key])
+            stored = cursor.fetchone()
+            if stored is not None:
+                return _to_message(alias, conn, stored), False
+            # The conflicting message left the table in between (housekeeping archived or deleted it,
+            # or its own transaction rolled back): the key is free again, so this message is written.
+    raise RuntimeError(  # pragma: no cover - only if the key is taken and freed again on every try
+        f"outbox.send(): idempotency key {new.idempotency_key!r} was taken and freed {_INSERT_TRIES} times "
+        "while this message was written; send again"
+    )
 
 
 @functools.cache

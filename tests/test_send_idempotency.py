@@ -156,3 +156,46 @@ def test_the_checks_cost_no_query(django_assert_num_queries):
         outbox.send("probe.created", {"n": 2}, idempotency_key="q")
     with django_assert_num_queries(1):
         outbox.send("probe.created", {"n": 1}, key="k", headers={"h": "v"}, delay=5)
+
+
+def _delete_elsewhere(message_id: int) -> None:
+    """Remove a message on a connection of its own, as housekeeping's archiving does, and commit."""
+    if connection.vendor == "postgresql":
+        from .conftest import connect_raw
+
+        with connect_raw(autocommit=True) as other:
+            other.execute("DELETE FROM django_outbox_message WHERE id = %s", [message_id])
+    else:
+        import sqlite3
+
+        other = sqlite3.connect(connection.settings_dict["NAME"], timeout=10)
+        with other:
+            other.execute("DELETE FROM django_outbox_message WHERE id = ?", [message_id])
+        other.close()
+
+
+@pytest.mark.parametrize("in_transaction", [False, True])
+def test_a_send_racing_the_archiving_of_its_keys_first_message_writes_the_new_one(in_transaction):
+    """The first message leaves the table between the conflicting INSERT and the look-up of the stored one."""
+    if in_transaction and connection.vendor != "postgresql":
+        pytest.skip("SQLite's write lock, taken by the INSERT, keeps any other writer out until the commit")
+    first = outbox.send("orders.created", {"n": 1}, idempotency_key="race-1")
+    Message.objects.filter(pk=first.pk).update(status=Message.Status.DELIVERED)
+    raced: list[str] = []
+
+    def archive_first_in_between(execute, sql, params, many, context):
+        if "WHERE idempotency_key = " in sql and not raced:
+            raced.append(sql)
+            _delete_elsewhere(first.pk)
+        return execute(sql, params, many, context)
+
+    with connection.execute_wrapper(archive_first_in_between):
+        if in_transaction:
+            with transaction.atomic():
+                second = outbox.send("orders.created", {"n": 1}, idempotency_key="race-1")
+                Order.objects.create(customer_email="a@example.com", item="racing")  # the transaction is usable
+        else:
+            second = outbox.send("orders.created", {"n": 1}, idempotency_key="race-1")
+    assert raced, "the interleaving was forced"
+    assert second.pk != first.pk
+    assert list(Message.objects.values_list("pk", flat=True)) == [second.pk]
