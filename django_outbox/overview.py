@@ -13,8 +13,8 @@ from typing import Any
 
 from django.db.models import Count, Min, Q
 from django.db.models.functions import TruncMinute
-from django.utils import timezone
 
+from . import store
 from .counting import Tally, tally
 from .models import Attempt, Message, Worker
 
@@ -118,7 +118,9 @@ class Overview:
 def collect(
     using: str = "default", *, now: dt.datetime | None = None, stale_after: float = STALE_AFTER_SECONDS
 ) -> Overview:
-    now = now or timezone.now()
+    # The clock the stored times come from: the database server's on PostgreSQL (leases, due times,
+    # heartbeats), so liveness and lag do not depend on this host's clock or the workers'.
+    now = now or store.database_now(using)
     messages = Message.objects.using(using)
     counts = {status: tally(messages.filter(status=status)) for status in Message.Status.values}
     oldest = messages.filter(status=Message.Status.PENDING, available_at__lte=now).aggregate(t=Min("available_at"))["t"]

@@ -83,7 +83,7 @@ def workers(worker_process) -> Callable[..., WorkerProcess]:
     """Start a worker (shifted when ``shift`` is given) and wait until its first heartbeat is written."""
 
     def start(*args: str, shift: str | None = None) -> WorkerProcess:
-        worker = worker_process(*args, env=shifted_env(shift) if shift else None)
+        worker: WorkerProcess = worker_process(*args, env=shifted_env(shift) if shift else None)
         wait_for(lambda: Worker.objects.filter(pid=worker.pid).exists() or worker.proc.poll() is not None, 60)
         assert worker.proc.poll() is None, worker.wait()[1]
         return worker

@@ -160,7 +160,7 @@ def test_record_keeps_every_time_to_the_microsecond_and_any_error_text():
     paris = zoneinfo.ZoneInfo("Europe/Paris")
     started = dt.datetime(2026, 3, 29, 1, 59, 59, 999999, tzinfo=paris)  # the hour a DST change skips
     finished = dt.datetime(2026, 3, 29, 3, 0, 0, 1, tzinfo=paris)
-    retry_at = dt.datetime(2199, 12, 31, 23, 59, 59, 999999, tzinfo=dt.UTC)
+    retry_delay = 86400 * 365 * 50 + 0.5  # seconds; the record adds them to the database's clock
     error = 'Traceback:\n  "quoted" \\ back\\slash, tab\t, emoji \U0001f600, accents éà'
     outcomes = [
         store.Outcome(message_id=delivered.pk, number=1, status="delivered", started_at=started, finished_at=finished),
@@ -171,15 +171,19 @@ def test_record_keeps_every_time_to_the_microsecond_and_any_error_text():
             started_at=started,
             finished_at=finished,
             error=error,
-            retry_at=retry_at,
+            retry_delay=retry_delay,
         ),
     ]
+    before = store.database_now("default")
     assert store.record("default", worker="w1", outcomes=outcomes) == set()
+    after = store.database_now("default")
     for message in (delivered, retried):
         attempt = Attempt.objects.get(message=message)
         assert (attempt.started_at, attempt.finished_at) == (started, finished)
     retried.refresh_from_db()
-    assert retried.available_at == retry_at and retried.last_error == error
+    due_in = (retried.available_at - before).total_seconds()
+    assert retry_delay <= due_in <= retry_delay + (after - before).total_seconds()
+    assert retried.last_error == error
     assert Attempt.objects.get(message=retried).error == error
 
 
@@ -354,7 +358,7 @@ def test_record_stores_any_error_text_it_is_given():
         started_at=now,
         finished_at=now,
         error='nul \x00, half \udcff, accents éà, quote "',
-        retry_at=now,
+        retry_delay=0.0,
     )
     assert store.record("default", worker="w1", outcomes=[outcome]) == set()
     expected = 'nul \\x00, half \\udcff, accents éà, quote "'

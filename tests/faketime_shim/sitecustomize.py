@@ -11,12 +11,14 @@ which sleeps on the true monotonic clock, as ``time.sleep`` does without the bug
 
 import threading
 import time
+from typing import SupportsIndex
 
 
-def _sleep(seconds: float) -> None:
-    if seconds < 0:
+def _sleep(seconds: float | SupportsIndex, /) -> None:
+    length = float(seconds)
+    if length < 0:
         raise ValueError("sleep length must be non-negative")
-    threading.Event().wait(seconds)
+    threading.Event().wait(length)
 
 
 time.sleep = _sleep
