@@ -208,3 +208,37 @@ def test_send_on_a_shifted_host_schedules_on_the_servers_clock(shift):
     assert before + minute <= later.available_at <= after + minute, (later.available_at - after).total_seconds()
     # the returned Message says what was stored
     assert (sent["now_at"], sent["later_at"]) == (now.available_at.isoformat(), later.available_at.isoformat())
+
+
+def test_a_delay_that_the_senders_clock_keeps_within_year_9999_is_capped_on_a_server_ahead():
+    """The sender (five minutes behind) validates ``delay`` against its own clock; the server, ahead of it,
+    would pass the last time Python can read: the row is capped there, and the returned Message matches."""
+    sent = run_python(
+        "import datetime as dt\nfrom django.utils import timezone\nfrom django_outbox import outbox\n"
+        "last = dt.datetime(9999, 12, 31, 23, 59, 59, tzinfo=dt.UTC)\n"
+        "m = outbox.send('probe.created', {}, delay=(last - timezone.now()).total_seconds() - 60)\n"
+        "print(json.dumps({'pk': m.pk, 'at': m.available_at.isoformat()}))",
+        shift="-5m",
+    )
+    stored = Message.objects.get(pk=sent["pk"])
+    assert stored.available_at == dt.datetime.max.replace(tzinfo=dt.UTC)
+    assert sent["at"] == stored.available_at.isoformat()
+
+
+@pytest.mark.parametrize("shift", SHIFTS)
+def test_a_shifted_workers_liveness_is_judged_on_the_servers_clock(workers, shift):
+    """``outbox_status`` and the admin overview: alive while it beats, gone ``stale_after`` after it died,
+    whatever its clock (behind, it looked dead from the start; ahead, alive minutes after its death)."""
+    from django_outbox import overview
+
+    def state() -> str:
+        (mine,) = [w for w in overview.collect(stale_after=4).workers if w.pid == worker.pid]
+        return mine.state
+
+    worker = workers("--lease", str(LEASE), shift=shift)
+    time.sleep(1)
+    assert state() == "alive"
+    started = (Worker.objects.get(pid=worker.pid).started_at - server_now()).total_seconds()
+    worker.kill()
+    wait_for(lambda: state() == "gone", timeout=15)
+    assert abs(started) < 60, f"started_at is {started:+.0f}s off the server's clock"

@@ -365,3 +365,32 @@ def test_record_stores_any_error_text_it_is_given():
     assert message.attempt_log.get().error == expected
     message.refresh_from_db()
     assert message.last_error == expected
+
+
+@pytest.mark.parametrize(
+    ("delay", "due_in"),
+    [
+        (float("nan"), 0.0),
+        (-5.0, 0.0),
+        (float("-inf"), 0.0),
+        (float("inf"), store.MAX_RETRY_DELAY_SECONDS),
+        (1e308, store.MAX_RETRY_DELAY_SECONDS),
+        (float(2**63), store.MAX_RETRY_DELAY_SECONDS),
+    ],
+)
+def test_record_stores_any_retry_delay_as_a_bounded_time(delay, due_in):
+    """Whatever a retry policy computed, the record writes a time the database and Python both hold: NaN
+    and negatives are "now", anything past about a century is capped there; the record never fails."""
+    message = MessageFactory()
+    (claimed,) = store.claim("default", worker="w1", limit=1, lease_seconds=30)
+    now = timezone.now()
+    outcome = store.Outcome(
+        message_id=claimed.pk, number=1, status="pending", started_at=now, finished_at=now, retry_delay=delay
+    )
+    before = store.database_now("default")
+    assert store.record("default", worker="w1", outcomes=[outcome]) == set()
+    after = store.database_now("default")
+    message.refresh_from_db()
+    assert message.status == Message.Status.PENDING
+    assert before + dt.timedelta(seconds=due_in) <= message.available_at <= after + dt.timedelta(seconds=due_in)
+    assert outcome.retry_at is not None  # the signal's estimate is bounded too
