@@ -316,6 +316,8 @@ class Outbox:
             )
         now = timezone.now()
         when = _available_at(delay, available_at, now)
+        # Without an explicit time, PostgreSQL schedules on its own clock: now plus the delay (store.insert).
+        delay_seconds = None if available_at is not None else (when - now).total_seconds()
         sending_transport(topic)
         from . import store  # imported here: the package must be importable before apps are ready
 
@@ -331,6 +333,7 @@ class Outbox:
                 max_attempts=max_attempts,
                 available_at=when,
                 created_at=now,
+                delay_seconds=delay_seconds,
             ),
             # PostgreSQL folds the NOTIFYs of one transaction into one, and drops them on rollback.
             notify=conf.NOTIFY_CHANNEL if conf.NOTIFY else None,

@@ -13,8 +13,8 @@ from typing import Any
 
 from django.db.models import Count, Exists, Min, OuterRef, Q, QuerySet
 from django.db.models.functions import TruncMinute
-from django.utils import timezone
 
+from . import store
 from .counting import EXACT_COUNT_CAP, Tally, tally
 from .models import Attempt, Message, Worker
 
@@ -140,7 +140,9 @@ class Overview:
 def collect(
     using: str = "default", *, now: dt.datetime | None = None, stale_after: float = STALE_AFTER_SECONDS
 ) -> Overview:
-    now = now or timezone.now()
+    # The clock the stored times come from: the database server's on PostgreSQL (leases, due times,
+    # heartbeats), so liveness and lag do not depend on this host's clock or the workers'.
+    now = now or store.database_now(using)
     messages = Message.objects.using(using)
     counts = {status: tally(messages.filter(status=status)) for status in Message.Status.values}
     due = messages.filter(status=Message.Status.PENDING, available_at__lte=now)

@@ -437,9 +437,9 @@ class Relay:
             timeout = min(timeout, 0.2)  # nothing may be claimable only because a lease is expiring
         if self._bell.take():
             return  # a wake-up came while we were busy: no need to ask when the next message is due
-        due = store.next_due(cfg.database, topics=cfg.topics)
-        if due is not None:
-            timeout = max(0.0, min(timeout, (due - timezone.now()).total_seconds()))
+        due_in = store.next_due(cfg.database, topics=cfg.topics)  # measured on the database's clock
+        if due_in is not None:
+            timeout = max(0.0, min(timeout, due_in))
         self._bell.wait(timeout)
 
     def _database_down(self, exc: BaseException, failures: int) -> None:
@@ -571,7 +571,7 @@ class Relay:
             started_at=started,
             finished_at=finished,
             error=error,
-            retry_at=finished + dt.timedelta(seconds=delay),
+            retry_delay=delay,  # the record adds it to the database's clock
         )
 
     @staticmethod

@@ -5,13 +5,17 @@ where the database allows (PostgreSQL data-modifying CTEs, SQLite ``UPDATE ... R
 or an ack is one round trip and no transaction outlives the function. Rows come back as ``Message``
 instances built straight from the cursor (no per-row queries), with Django's own converters applied.
 
-Time comes from the caller's clock (``timezone.now()``): hosts running workers must keep their clocks
-in sync (NTP); leases tolerate skew far below their length.
+Time, on PostgreSQL, is the database server's: every statement that sets or tests a lease, a due time
+or a heartbeat reads ``statement_timestamp()`` itself, so workers on many hosts never compare one host's
+clock with another's (a host ahead would reap live leases, one behind would hold dead ones). Durations
+(a lease, a backoff delay) travel as seconds and are added on the server. SQLite serves one host, whose
+clock (``timezone.now()``) it keeps. Attempt start and finish times are the worker's own (docs/worker.md).
 """
 
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import datetime as dt
 import functools
 import json
@@ -19,12 +23,13 @@ import logging
 import uuid as uuid_module
 from collections.abc import Callable, Iterable, Iterator, Sequence
 from dataclasses import dataclass
-from typing import Any, TypeVar
+from typing import Any, Literal, TypeVar
 
 from django.conf import settings
 from django.db import DatabaseError, connections, transaction
 from django.db.backends.base.base import BaseDatabaseWrapper
 from django.db.models.base import ModelState
+from django.db.models.functions import Now
 from django.db.models.signals import post_init, pre_init
 from django.db.utils import NotSupportedError
 from django.utils import timezone
@@ -62,11 +67,32 @@ class Outcome:
     started_at: dt.datetime
     finished_at: dt.datetime
     error: str = ""
-    retry_at: dt.datetime | None = None
+    #: Seconds from the record until a retry is due, added to the database's clock by ``record()``.
+    retry_delay: float | None = None
 
     @property
     def attempt_outcome(self) -> str:
         return Attempt.Outcome.DELIVERED if self.status == DELIVERED else Attempt.Outcome.FAILED
+
+    @property
+    def retry_at(self) -> dt.datetime | None:
+        """When the retry is due, as the worker's clock sees it (for logs and signals; the row has the
+        database's)."""
+        if self.retry_delay is None:
+            return None
+        return self.finished_at + dt.timedelta(seconds=retry_seconds(self.retry_delay))
+
+
+#: A bound on any retry delay the store writes (about 100 years): a last safety net, so that no value
+#: can overflow a timestamp, whatever policy computed it.
+MAX_RETRY_DELAY_SECONDS = 100 * 365.25 * 86400.0
+
+
+def retry_seconds(delay: float) -> float:
+    """``delay`` as a storable number of seconds: NaN and negatives are 0, infinity and more the bound."""
+    if not delay >= 0:  # NaN too
+        return 0.0
+    return min(float(delay), MAX_RETRY_DELAY_SECONDS)
 
 
 @dataclass(frozen=True, kw_only=True, slots=True)
@@ -80,6 +106,9 @@ class NewMessage:
     max_attempts: int
     available_at: dt.datetime
     created_at: dt.datetime
+    #: Set when the sender gave no ``available_at``: on PostgreSQL the row is then due this many seconds
+    #: after the database's now, and created at it, whatever the sending host's clock says.
+    delay_seconds: float | None = None
 
 
 @dataclass(frozen=True, kw_only=True, slots=True)
@@ -320,33 +349,57 @@ def insert(alias: str, new: NewMessage, *, notify: str | None = None) -> tuple[M
         new.headers_json,
         new.idempotency_key,
         new.max_attempts,
-        _prep_dt(conn, new.available_at),
-        _prep_dt(conn, new.created_at),
     ]
+    # PostgreSQL: created at the server's now, and due at it plus the delay unless a time was given.
+    schedule: _Schedule = "given"
+    if not pg:
+        params += [_prep_dt(conn, new.available_at), _prep_dt(conn, new.created_at)]
+    elif new.delay_seconds is None:
+        params.append(_prep_dt(conn, new.available_at))
+    elif new.delay_seconds > 0:
+        schedule = "delay"
+        params.append(float(new.delay_seconds))
+    else:
+        schedule = "now"
     notifying = notify is not None and pg
     if notifying:
         params.append(notify)
-    sql = _insert_sql(pg, keyed=new.key is not None, idempotent=new.idempotency_key is not None, notify=notifying)
+    sql = _insert_sql(
+        pg, keyed=new.key is not None, idempotent=new.idempotency_key is not None, notify=notifying, schedule=schedule
+    )
     with conn.cursor() as cursor:
         for _ in range(_INSERT_TRIES):
             cursor.execute(sql, params)
             row = cursor.fetchone()
             if row is not None:
-                return _new_message(alias, int(row[0]), new), True
+                break
             cursor.execute(f"SELECT {COLUMNS} FROM {MESSAGE} WHERE idempotency_key = %s", [new.idempotency_key])
             stored = cursor.fetchone()
             if stored is not None:
                 return _to_message(alias, conn, stored), False
             # The conflicting message left the table in between (housekeeping archived or deleted it,
             # or its own transaction rolled back): the key is free again, so this message is written.
-    raise RuntimeError(  # pragma: no cover - only if the key is taken and freed again on every try
-        f"outbox.send(): idempotency key {new.idempotency_key!r} was taken and freed {_INSERT_TRIES} times "
-        "while this message was written; send again"
-    )
+        else:  # pragma: no cover - only if the key is taken and freed again on every try
+            raise RuntimeError(
+                f"outbox.send(): idempotency key {new.idempotency_key!r} was taken and freed {_INSERT_TRIES} "
+                "times while this message was written; send again"
+            )
+    if pg:  # the times the server gave the row: created_at, then available_at when it was computed too
+        created_at = row[1]
+        available_at = row[2] if schedule == "delay" else created_at if schedule == "now" else new.available_at
+        new = dataclasses.replace(new, created_at=created_at, available_at=available_at)
+    return _new_message(alias, int(row[0]), new), True
+
+
+_Schedule = Literal["given", "now", "delay"]
+
+#: The latest time a ``DateTimeField`` reads back into Python: a delay that the sender's clock kept within
+#: year 9999 may pass it on a server whose clock is ahead.
+_LAST_PYTHON_TIME = "timestamptz '9999-12-31 23:59:59.999999+00'"
 
 
 @functools.cache
-def _insert_sql(pg: bool, *, keyed: bool, idempotent: bool, notify: bool) -> str:
+def _insert_sql(pg: bool, *, keyed: bool, idempotent: bool, notify: bool, schedule: _Schedule = "given") -> str:
     # PostgreSQL, keyed messages: the subquery row, computed and filtered before the identity default is
     # projected over it, gives the transaction its id before the row takes its own. Per-key ordering
     # relies on that (docs/ordering.md); a message without a key is not ordered, and is spared the
@@ -356,14 +409,26 @@ def _insert_sql(pg: bool, *, keyed: bool, idempotent: bool, notify: bool) -> str
     jsonb = "%s::jsonb" if pg else "%s"
     # The conflict target names the partial unique index by its column and predicate.
     conflict = " ON CONFLICT (idempotency_key) WHERE idempotency_key IS NOT NULL DO NOTHING" if idempotent else ""
+    # On PostgreSQL the row's times are the server's (statement_timestamp(), which, unlike now(), moves on
+    # inside the caller's transaction) and come back with the id: one timestamp to read, two with a delay.
+    times, returning = "%s, %s", "id"
+    if pg:
+        available = {
+            "given": "%s",
+            "now": "statement_timestamp()",
+            "delay": f"LEAST(statement_timestamp() + %s * interval '1 second', {_LAST_PYTHON_TIME})",
+        }[schedule]
+        times, returning = f"{available}, statement_timestamp()", "id, created_at"
+        if schedule == "delay":
+            returning += ", available_at"
     sql = (
         f"INSERT INTO {MESSAGE} (uuid, topic, key, payload, headers, idempotency_key, status, attempts,"
         f" max_attempts, available_at, created_at, last_error)"
-        f" SELECT %s, %s, %s, {jsonb}, {jsonb}, %s, '{PENDING}', 0, %s, %s, %s, ''{xact_first}{conflict}"
-        f" RETURNING id"
+        f" SELECT %s, %s, %s, {jsonb}, {jsonb}, %s, '{PENDING}', 0, %s, {times}, ''{xact_first}{conflict}"
+        f" RETURNING {returning}"
     )
     if notify:
-        sql = f"WITH m AS ({sql}) SELECT id, pg_notify(%s, '') FROM m"
+        sql = f"WITH m AS ({sql}) SELECT {returning}, pg_notify(%s, '') FROM m"
     return sql
 
 
@@ -450,14 +515,24 @@ def claim_sql(
     transaction that could hold a lower id of their key was running by then, and had its id (insert()
     takes it before the row id). A stamped row is claimable once the snapshot's xmin has reached the stamp:
     no transaction below it is still running, so any lower id of its key is visible or rolled back.
+
+    On PostgreSQL "due" and the lease's end are the server's ``statement_timestamp()`` (plus the lease's
+    seconds): a worker whose clock is off neither claims early nor leases for minutes too long or short.
     """
-    now = timezone.now()
     topic_sql, topic_params = _topic_filter(topics)
     pg = _is_pg(conn)
     sql = _claim_text(pg, topic_sql, blocking_statuses())
+    if pg:
+        return sql, [*topic_params, limit, worker, float(lease_seconds)]
+    now = timezone.now()
     lease = [worker, _prep_dt(conn, now + dt.timedelta(seconds=lease_seconds))]
-    due = [_prep_dt(conn, now), *topic_params, limit]
-    return sql, due + lease if pg else lease + due
+    return sql, [*lease, _prep_dt(conn, now), *topic_params, limit]
+
+
+#: The database server's clock in every PostgreSQL statement that decides by time. Not ``now()``, which
+#: stands still for a whole transaction (a caller's, in tests and ``relay_all()``); the statement's
+#: start, which Django's ``Now()`` also uses.
+_SERVER_NOW = "statement_timestamp()"
 
 
 def _literal(status: str) -> str:
@@ -481,8 +556,8 @@ def _claim_text(pg: bool, topic_sql: str, blocking: tuple[str, ...]) -> str:
         f"NOT EXISTS (SELECT 1 FROM {MESSAGE} AS b WHERE b.key = c.key AND b.id < c.id"
         f" AND b.key IS NOT NULL AND b.status IN ({', '.join(map(_literal, blocking))}))"
     )
-    set_lease = f"status = {processing}, locked_by = %s, locked_until = %s"
     if not pg:
+        set_lease = f"status = {processing}, locked_by = %s, locked_until = %s"
         return (
             f"UPDATE {MESSAGE} SET {set_lease}, attempts = {_next_attempt('attempts')}"
             f" WHERE id IN (SELECT c.id FROM {MESSAGE} AS c WHERE c.status = {pending} AND c.available_at <= %s"
@@ -492,13 +567,14 @@ def _claim_text(pg: bool, topic_sql: str, blocking: tuple[str, ...]) -> str:
     # per claim, but a crash could then forget a claim whose attempt number the record's fence relies
     # on: re-issued to another delivery thread of the same worker, it let a late record of the first
     # delivery land on the second's lease (docs/performance.md, rejected optimisations).
+    set_lease = f"status = {processing}, locked_by = %s, locked_until = {_SERVER_NOW} + %s * interval '1 second'"
     return (
         f"WITH fence AS (UPDATE {MESSAGE} SET visible_after_xid ="
         f" (SELECT pg_current_xact_id()::text::bigint)"
         f" WHERE id IN (SELECT id FROM {MESSAGE} WHERE status = {pending} AND key IS NOT NULL"
         f" AND visible_after_xid IS NULL ORDER BY id LIMIT {FENCE_BATCH} FOR UPDATE SKIP LOCKED) RETURNING 1),"
         f" picked AS MATERIALIZED (SELECT c.id FROM {MESSAGE} AS c"
-        f" WHERE c.status = {pending} AND c.available_at <= %s{topic_sql}"
+        f" WHERE c.status = {pending} AND c.available_at <= {_SERVER_NOW}{topic_sql}"
         f" AND (c.key IS NULL OR (c.visible_after_xid"
         f" <= (SELECT pg_snapshot_xmin(pg_current_snapshot())::text::bigint) AND {head}))"
         f" ORDER BY c.id LIMIT %s FOR UPDATE OF c SKIP LOCKED),"
@@ -588,14 +664,16 @@ def record(alias: str, *, worker: str, outcomes: Sequence[Outcome]) -> set[int]:
     An outcome changes its message only while ``worker`` still holds the lease for that very attempt
     (fencing on ``locked_by`` and ``attempts``). The attempt row is written either way: the audit log
     keeps what really happened, including a delivery whose lease had already been taken away.
+
+    A retry is due ``retry_delay`` seconds after the record, on the database server's clock (PostgreSQL),
+    and ``delivered_at`` is the server's time of the record.
     """
     if not outcomes:
         return set()
     conn = _connection(alias)
-    now = timezone.now()
     if _is_pg(conn):
-        return _unprepared_on_loss(conn, lambda: _record_pg(conn, worker, outcomes, now))
-    return _record_generic(conn, worker, outcomes, now)
+        return _unprepared_on_loss(conn, lambda: _record_pg(conn, worker, outcomes))
+    return _record_generic(conn, worker, outcomes, timezone.now())
 
 
 _LEASE_LOST = "lease lost before this outcome was recorded; the message was requeued and may be delivered again"
@@ -603,19 +681,20 @@ _LEASE_LOST = "lease lost before this outcome was recorded; the message was requ
 
 #: The record of a batch, one statement. The outcomes travel as one JSON document: psycopg dumped eight
 #: parameter arrays element by element in Python (~1.4 ms per batch of 100, more than the statement's own
-#: execution), where ``json.dumps`` takes ~0.4 ms. Times are ISO 8601 text, which PostgreSQL reads as it
-#: read a bound timestamp (a naive one, under ``USE_TZ = False``, in the session's time zone). Statuses
-#: are literals, so the prepared statement settles on its generic plan (primary-key lookups).
+#: execution), where ``json.dumps`` takes ~0.4 ms. A retry's delay is seconds, added to the server's clock
+#: in the statement. Attempt times are ISO 8601 text, which PostgreSQL reads as it read a bound timestamp
+#: (a naive one, under ``USE_TZ = False``, in the session's time zone). Statuses are literals, so the
+#: prepared statement settles on its generic plan (primary-key lookups).
 _RECORD_PG = f"""
     WITH o AS (
         SELECT * FROM json_to_recordset(%s::json)
-            AS o(id bigint, number int, status text, retry_at timestamptz, error text,
+            AS o(id bigint, number int, status text, retry_delay float8, error text,
                  started_at timestamptz, finished_at timestamptz, outcome text)
     ), upd AS (
         UPDATE {MESSAGE} AS m SET
             status = o.status,
-            available_at = COALESCE(o.retry_at, m.available_at),
-            delivered_at = CASE WHEN o.status = {_literal(DELIVERED)} THEN %s::timestamptz ELSE m.delivered_at END,
+            available_at = COALESCE({_SERVER_NOW} + o.retry_delay * interval '1 second', m.available_at),
+            delivered_at = CASE WHEN o.status = {_literal(DELIVERED)} THEN {_SERVER_NOW} ELSE m.delivered_at END,
             last_error = CASE WHEN o.status = {_literal(DELIVERED)} THEN m.last_error ELSE o.error END,
             locked_by = NULL, locked_until = NULL
         FROM o
@@ -631,6 +710,14 @@ _RECORD_PG = f"""
 """
 
 
+def _after(now: dt.datetime, delay: float) -> dt.datetime:
+    """``now`` plus a retry delay, capped at the last time a ``DateTimeField`` holds."""
+    try:
+        return now + dt.timedelta(seconds=retry_seconds(delay))
+    except OverflowError:
+        return dt.datetime.max.replace(tzinfo=now.tzinfo)
+
+
 def _iso(value: dt.datetime | None) -> str | None:
     return None if value is None else value.isoformat()
 
@@ -644,13 +731,13 @@ def _storable_text(text: str) -> str:
     return text.encode("utf-8", "backslashreplace").decode("utf-8")
 
 
-def _record_pg(conn: BaseDatabaseWrapper, worker: str, outcomes: Sequence[Outcome], now: dt.datetime) -> set[int]:
+def _record_pg(conn: BaseDatabaseWrapper, worker: str, outcomes: Sequence[Outcome]) -> set[int]:
     rows = [
         {
             "id": o.message_id,
             "number": o.number,
             "status": o.status,
-            "retry_at": _iso(o.retry_at),
+            "retry_delay": None if o.retry_delay is None else retry_seconds(o.retry_delay),
             "error": _storable_text(o.error),
             "started_at": _iso(o.started_at),
             "finished_at": _iso(o.finished_at),
@@ -659,7 +746,7 @@ def _record_pg(conn: BaseDatabaseWrapper, worker: str, outcomes: Sequence[Outcom
         for o in outcomes
     ]
     with _worker_cursor(conn) as cursor:
-        cursor.execute(_RECORD_PG, [json.dumps(rows, ensure_ascii=False), now, worker, worker, _LEASE_LOST])
+        cursor.execute(_RECORD_PG, [json.dumps(rows, ensure_ascii=False), worker, worker, _LEASE_LOST])
         return {row[0] for row in cursor.fetchall()}
 
 
@@ -680,7 +767,7 @@ def _record_generic(conn: BaseDatabaseWrapper, worker: str, outcomes: Sequence[O
                     f" WHERE id = %s AND attempts = %s AND locked_by = %s AND status = %s",
                     [
                         o.status,
-                        _prep_dt(conn, o.retry_at),
+                        None if o.retry_delay is None else _prep_dt(conn, _after(now, o.retry_delay)),
                         _storable_text(o.error),
                         o.message_id,
                         o.number,
@@ -730,11 +817,14 @@ def release(alias: str, *, worker: str, message_ids: Iterable[int]) -> int:
 def extend_leases(alias: str, *, worker: str, lease_seconds: float) -> int:
     """Keep a healthy worker's slow deliveries from being reaped: one statement for all it holds."""
     conn = _connection(alias)
-    until = timezone.now() + dt.timedelta(seconds=lease_seconds)
+    if _is_pg(conn):  # the lease's end on the server's clock, as the claim set it
+        until_sql, until = f"{_SERVER_NOW} + %s * interval '1 second'", float(lease_seconds)
+    else:
+        until_sql, until = "%s", _prep_dt(conn, timezone.now() + dt.timedelta(seconds=lease_seconds))
     with conn.cursor() as cursor:
         cursor.execute(
-            f"UPDATE {MESSAGE} SET locked_until = %s WHERE locked_by = %s AND status = %s",
-            [_prep_dt(conn, until), worker, PROCESSING],
+            f"UPDATE {MESSAGE} SET locked_until = {until_sql} WHERE locked_by = %s AND status = %s",
+            [until, worker, PROCESSING],
         )
         return int(cursor.rowcount)
 
@@ -743,35 +833,38 @@ def reap(alias: str, *, limit: int = 500) -> list[Reaped]:
     """Requeue messages whose lease expired (their worker died) and log the lost attempt as abandoned.
 
     Messages that used up their attempts go ``dead`` instead. Safe to run from every worker at once.
+    On PostgreSQL "expired" is judged on the server's clock, which also set the lease: a reaper whose
+    clock runs ahead takes no live lease, one whose clock runs behind leaves no dead one waiting.
     """
     conn = _connection(alias)
-    now = timezone.now()
     if _is_pg(conn):
         sql = f"""
             WITH e AS MATERIALIZED (
                 SELECT id, locked_by, locked_until FROM {MESSAGE}
-                WHERE status = %s AND locked_until < %s ORDER BY locked_until LIMIT %s FOR UPDATE SKIP LOCKED
+                WHERE status = %s AND locked_until < {_SERVER_NOW} ORDER BY locked_until LIMIT %s
+                FOR UPDATE SKIP LOCKED
             ), upd AS (
                 UPDATE {MESSAGE} AS m SET
                     status = CASE WHEN m.attempts >= m.max_attempts THEN %s ELSE %s END,
-                    available_at = %s, locked_by = NULL, locked_until = NULL,
+                    available_at = {_SERVER_NOW}, locked_by = NULL, locked_until = NULL,
                     last_error = 'abandoned: lease of worker ' || COALESCE(e.locked_by, '?') || ' expired at '
                                  || to_char(e.locked_until AT TIME ZONE 'UTC', 'YYYY-MM-DD HH24:MI:SS') || ' UTC'
                 FROM e WHERE m.id = e.id
                 RETURNING m.id, m.attempts, m.status, e.locked_by, m.last_error
             ), ins AS (
                 INSERT INTO {ATTEMPT} (message_id, number, started_at, finished_at, worker, outcome, error)
-                SELECT id, attempts, %s, %s, COALESCE(locked_by, ''), %s,
+                SELECT id, attempts, {_SERVER_NOW}, {_SERVER_NOW}, COALESCE(locked_by, ''), %s,
                        last_error || ': the worker stopped without recording an outcome'
                 FROM upd
             )
             SELECT id, status, locked_by FROM upd
         """
-        params = [PROCESSING, now, limit, DEAD, PENDING, now, now, now, Attempt.Outcome.ABANDONED]
+        params = [PROCESSING, limit, DEAD, PENDING, Attempt.Outcome.ABANDONED]
         with conn.cursor() as cursor:
             cursor.execute(sql, params)  # type: ignore[arg-type]
             return [Reaped(message_id=r[0], status=r[1], previous_worker=r[2] or "") for r in cursor.fetchall()]
     reaped = []
+    now = timezone.now()
     with transaction.atomic(using=alias), conn.cursor() as cursor:
         cursor.execute(
             f"SELECT id, attempts, max_attempts, locked_by, locked_until FROM {MESSAGE}"
@@ -810,51 +903,68 @@ def reap(alias: str, *, limit: int = 500) -> list[Reaped]:
 FENCE_RECHECK = dt.timedelta(milliseconds=100)
 
 
-def next_due(alias: str, *, topics: Sequence[str] | None = None) -> dt.datetime | None:
-    """When an idle worker should look again: the earliest future ``available_at`` of a pending message,
-    or, on PostgreSQL, ``FENCE_RECHECK`` from now while a due keyed message waits only for the fence."""
+def next_due(alias: str, *, topics: Sequence[str] | None = None) -> float | None:
+    """Seconds until an idle worker should look again: until the earliest future ``available_at`` of a
+    pending message, or, on PostgreSQL, ``FENCE_RECHECK`` while a due keyed message waits only for the
+    fence. None when nothing is scheduled.
+
+    On PostgreSQL the wait is measured on the server's clock, which the claim's "due" test uses, so a
+    worker sleeps the right time whatever its own clock says.
+    """
     conn = _connection(alias)
     topic_sql, topic_params = _topic_filter(topics)
-    now = timezone.now()
+    pg = _is_pg(conn)
+    now = None if pg else timezone.now()
     # Only the future counts: a message due now that the claim left behind is held behind an earlier
     # message of its key, and is woken by that message's outcome, not by the clock.
-    sql = f"SELECT MIN(available_at) FROM {MESSAGE} WHERE status = %s AND available_at > %s{topic_sql}"
-    params: list[Any] = [PENDING, _prep_dt(conn, now), *topic_params]
-    if _is_pg(conn):
-        fenced_sql, fenced_params = _fenced_heads_sql(conn, topics, now)
+    if pg:
+        sql = (
+            f"SELECT extract(epoch FROM MIN(available_at) - {_SERVER_NOW})::float8 FROM {MESSAGE}"
+            f" WHERE status = %s AND available_at > {_SERVER_NOW}{topic_sql}"
+        )
+        fenced_sql, fenced_params = _fenced_heads_sql(conn, topics)
         sql = f"SELECT ({sql}), EXISTS ({fenced_sql})"
-        params += fenced_params
+        params: list[Any] = [PENDING, *topic_params, *fenced_params]
+    else:
+        sql = f"SELECT MIN(available_at) FROM {MESSAGE} WHERE status = %s AND available_at > %s{topic_sql}"
+        params = [PENDING, _prep_dt(conn, now), *topic_params]
     with conn.cursor() as cursor:
         cursor.execute(sql, params)
         row = cursor.fetchone()
     value = row[0] if row else None
-    if isinstance(value, str):  # SQLite returns the stored text for an aggregate
-        from django.utils.dateparse import parse_datetime
+    wait: float | None
+    if value is None:
+        wait = None
+    elif pg:
+        wait = max(0.0, float(value))
+    else:
+        if isinstance(value, str):  # SQLite returns the stored text for an aggregate
+            from django.utils.dateparse import parse_datetime
 
-        value = parse_datetime(value)
-    if value is not None and settings.USE_TZ and timezone.is_naive(value):  # SQLite's text is UTC
-        value = timezone.make_aware(value, dt.UTC)
+            value = parse_datetime(value)
+        if value is not None and settings.USE_TZ and timezone.is_naive(value):  # SQLite's text is UTC
+            value = timezone.make_aware(value, dt.UTC)
+        wait = None if value is None or now is None else max(0.0, (value - now).total_seconds())
     if row is not None and len(row) > 1 and row[1]:
-        recheck = now + FENCE_RECHECK
-        value = recheck if value is None else min(value, recheck)
-    return value
+        recheck = FENCE_RECHECK.total_seconds()
+        wait = recheck if wait is None else min(wait, recheck)
+    return wait
 
 
-def _fenced_heads_sql(
-    conn: BaseDatabaseWrapper, topics: Sequence[str] | None, now: dt.datetime
-) -> tuple[str, list[Any]]:
+def _fenced_heads_sql(conn: BaseDatabaseWrapper, topics: Sequence[str] | None) -> tuple[str, list[Any]]:
     """PostgreSQL: a due keyed message at the head of its key that only the commit-order fence holds
     back (not yet stamped, or stamped above the oldest running transaction)."""
     topic_sql, topic_params = _topic_filter(topics, column="c.topic")
     blocking = blocking_statuses()
     sql = (
-        f"SELECT 1 FROM {MESSAGE} AS c WHERE c.status = %s AND c.available_at <= %s{topic_sql} AND c.key IS NOT NULL"
+        f"SELECT 1 FROM {MESSAGE} AS c WHERE c.status = %s AND c.available_at <= {_SERVER_NOW}{topic_sql}"
+        f" AND c.key IS NOT NULL"
         f" AND (c.visible_after_xid IS NULL"
         f" OR c.visible_after_xid > pg_snapshot_xmin(pg_current_snapshot())::text::bigint)"
         f" AND NOT EXISTS (SELECT 1 FROM {MESSAGE} AS b WHERE b.key = c.key AND b.id < c.id"
         f" AND b.status IN ({', '.join(['%s'] * len(blocking))})) LIMIT 1"
     )
-    return sql, [PENDING, _prep_dt(conn, now), *topic_params, *blocking]
+    return sql, [PENDING, *topic_params, *blocking]
 
 
 def work_in_progress(alias: str, *, topics: Sequence[str] | None = None) -> bool:
@@ -873,7 +983,7 @@ def work_in_progress(alias: str, *, topics: Sequence[str] | None = None) -> bool
             return True
         if not _is_pg(conn):
             return False
-        fenced_sql, fenced_params = _fenced_heads_sql(conn, topics, timezone.now())
+        fenced_sql, fenced_params = _fenced_heads_sql(conn, topics)
         cursor.execute(fenced_sql, fenced_params)
         return cursor.fetchone() is not None
 
@@ -896,31 +1006,52 @@ class WorkerBeat:
 
 
 def heartbeat(alias: str, beat: WorkerBeat) -> None:
+    """Upsert the worker's row. On PostgreSQL its times are the server's: liveness (``last_seen``) is then
+    judged against the server's clock by ``outbox_status`` and the admin, whatever the hosts' clocks."""
     conn = _connection(alias)
-    now = timezone.now()
+    params: list[Any]
+    if _is_pg(conn):
+        started, seen = _SERVER_NOW, _SERVER_NOW  # started: the first beat's time, kept by later ones
+        stopped = _SERVER_NOW if beat.stopped else "NULL"
+        params = [beat.worker_id, beat.hostname, beat.pid, beat.in_flight, beat.delivered, beat.failed]
+    else:
+        now = _prep_dt(conn, timezone.now())
+        started, seen, stopped = "%s", "%s", "%s"
+        params = [
+            beat.worker_id,
+            beat.hostname,
+            beat.pid,
+            _prep_dt(conn, beat.started_at),
+            now,
+            beat.in_flight,
+            beat.delivered,
+            beat.failed,
+            now if beat.stopped else None,
+        ]
     with conn.cursor() as cursor:
         cursor.execute(
             f"INSERT INTO {WORKER} (worker_id, hostname, pid, started_at, last_seen, in_flight, delivered, failed,"
             f" stopped_at, housekeeping_failures, housekeeping_error)"
-            f" VALUES (%s, %s, %s, %s, %s, %s, %s, %s, %s, %s, %s)"
+            f" VALUES (%s, %s, %s, {started}, {seen}, %s, %s, %s, {stopped}, %s, %s)"
             f" ON CONFLICT (worker_id) DO UPDATE SET last_seen = EXCLUDED.last_seen,"
             f" in_flight = EXCLUDED.in_flight, delivered = EXCLUDED.delivered, failed = EXCLUDED.failed,"
             f" stopped_at = EXCLUDED.stopped_at, housekeeping_failures = EXCLUDED.housekeeping_failures,"
             f" housekeeping_error = EXCLUDED.housekeeping_error",
-            [
-                beat.worker_id,
-                beat.hostname,
-                beat.pid,
-                _prep_dt(conn, beat.started_at),
-                _prep_dt(conn, now),
-                beat.in_flight,
-                beat.delivered,
-                beat.failed,
-                _prep_dt(conn, now) if beat.stopped else None,
-                beat.housekeeping_failures,
-                _storable_text(beat.housekeeping_error),
-            ],
+            [*params, beat.housekeeping_failures, _storable_text(beat.housekeeping_error)],
         )
+
+
+def database_now(alias: str) -> dt.datetime:
+    """The clock the outbox's decisions use: the server's on PostgreSQL, this host's on SQLite. For views
+    that compare stored times with "now" (the overview, ``outbox_status``): one query, off the hot path."""
+    conn = _connection(alias)
+    if not _is_pg(conn):
+        return timezone.now()
+    with conn.cursor() as cursor:
+        cursor.execute(f"SELECT {_SERVER_NOW}")
+        row = cursor.fetchone()
+    value: dt.datetime = row[0]
+    return value
 
 
 # --- operator actions (admin, management commands) ---------------------------------------------
@@ -944,7 +1075,8 @@ def retry(alias: str, message_ids: Iterable[int], *, reset_attempts: bool = Fals
         )
         changes: dict[str, Any] = {
             "status": PENDING,
-            "available_at": timezone.now(),
+            # due now on the clock the claim uses: the server's on PostgreSQL (statement_timestamp())
+            "available_at": Now() if _is_pg(_connection(alias)) else timezone.now(),
             "locked_by": None,
             "locked_until": None,
         }

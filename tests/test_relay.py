@@ -161,7 +161,7 @@ def test_record_keeps_every_time_to_the_microsecond_and_any_error_text():
     paris = zoneinfo.ZoneInfo("Europe/Paris")
     started = dt.datetime(2026, 3, 29, 1, 59, 59, 999999, tzinfo=paris)  # the hour a DST change skips
     finished = dt.datetime(2026, 3, 29, 3, 0, 0, 1, tzinfo=paris)
-    retry_at = dt.datetime(2199, 12, 31, 23, 59, 59, 999999, tzinfo=dt.UTC)
+    retry_delay = 86400 * 365 * 50 + 0.5  # seconds; the record adds them to the database's clock
     error = 'Traceback:\n  "quoted" \\ back\\slash, tab\t, emoji \U0001f600, accents éà'
     outcomes = [
         store.Outcome(message_id=delivered.pk, number=1, status="delivered", started_at=started, finished_at=finished),
@@ -172,10 +172,12 @@ def test_record_keeps_every_time_to_the_microsecond_and_any_error_text():
             started_at=started,
             finished_at=finished,
             error=error,
-            retry_at=retry_at,
+            retry_delay=retry_delay,
         ),
     ]
+    before = store.database_now("default")
     assert store.record("default", worker="w1", outcomes=outcomes) == set()
+    after = store.database_now("default")
 
     def read_back(value: dt.datetime) -> dt.datetime:  # how Django returns it: naive in TIME_ZONE without USE_TZ
         return value if settings.USE_TZ else timezone.make_naive(value)
@@ -184,7 +186,9 @@ def test_record_keeps_every_time_to_the_microsecond_and_any_error_text():
         attempt = Attempt.objects.get(message=message)
         assert (attempt.started_at, attempt.finished_at) == (read_back(started), read_back(finished))
     retried.refresh_from_db()
-    assert retried.available_at == read_back(retry_at) and retried.last_error == error
+    due_in = (retried.available_at - before).total_seconds()
+    assert retry_delay <= due_in <= retry_delay + (after - before).total_seconds()
+    assert retried.last_error == error
     assert Attempt.objects.get(message=retried).error == error
 
 
@@ -359,10 +363,39 @@ def test_record_stores_any_error_text_it_is_given():
         started_at=now,
         finished_at=now,
         error='nul \x00, half \udcff, accents éà, quote "',
-        retry_at=now,
+        retry_delay=0.0,
     )
     assert store.record("default", worker="w1", outcomes=[outcome]) == set()
     expected = 'nul \\x00, half \\udcff, accents éà, quote "'
     assert message.attempt_log.get().error == expected
     message.refresh_from_db()
     assert message.last_error == expected
+
+
+@pytest.mark.parametrize(
+    ("delay", "due_in"),
+    [
+        (float("nan"), 0.0),
+        (-5.0, 0.0),
+        (float("-inf"), 0.0),
+        (float("inf"), store.MAX_RETRY_DELAY_SECONDS),
+        (1e308, store.MAX_RETRY_DELAY_SECONDS),
+        (float(2**63), store.MAX_RETRY_DELAY_SECONDS),
+    ],
+)
+def test_record_stores_any_retry_delay_as_a_bounded_time(delay, due_in):
+    """Whatever a retry policy computed, the record writes a time the database and Python both hold: NaN
+    and negatives are "now", anything past about a century is capped there; the record never fails."""
+    message = MessageFactory()
+    (claimed,) = store.claim("default", worker="w1", limit=1, lease_seconds=30)
+    now = timezone.now()
+    outcome = store.Outcome(
+        message_id=claimed.pk, number=1, status="pending", started_at=now, finished_at=now, retry_delay=delay
+    )
+    before = store.database_now("default")
+    assert store.record("default", worker="w1", outcomes=[outcome]) == set()
+    after = store.database_now("default")
+    message.refresh_from_db()
+    assert message.status == Message.Status.PENDING
+    assert before + dt.timedelta(seconds=due_in) <= message.available_at <= after + dt.timedelta(seconds=due_in)
+    assert outcome.retry_at is not None  # the signal's estimate is bounded too
