@@ -32,14 +32,22 @@ from django.db import transaction
 from django.db.backends.base.base import BaseDatabaseWrapper
 from django.utils import timezone
 
-from .archive_models import ArchivedAttempt, ArchivedMessage
 from .conf import get_settings
-from .store import ATTEMPT, CANCELLED, DELIVERED, MESSAGE, WORKER, _connection, _is_pg, _prep_dt
+from .store import (
+    ARCHIVED_ATTEMPT,
+    ARCHIVED_MESSAGE,
+    ATTEMPT,
+    CANCELLED,
+    DELIVERED,
+    MESSAGE,
+    WORKER,
+    _connection,
+    _is_pg,
+    _prep_dt,
+)
 
 logger = logging.getLogger("django_outbox.housekeeping")
 
-ARCHIVED_MESSAGE = ArchivedMessage._meta.db_table
-ARCHIVED_ATTEMPT = ArchivedAttempt._meta.db_table
 #: Messages moved or deleted per transaction.
 BATCH_SIZE = 1000
 #: Partitions created ahead of today (and one behind, for clocks a little late).

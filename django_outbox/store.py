@@ -34,6 +34,7 @@ from django.db.models.signals import post_init, pre_init
 from django.db.utils import NotSupportedError
 from django.utils import timezone
 
+from .archive_models import ArchivedAttempt, ArchivedMessage
 from .models import Attempt, Message, Worker
 from .wakeup import notify_on_commit
 
@@ -45,6 +46,8 @@ except ImportError:  # pragma: no cover - an install without the postgres extra
 MESSAGE = Message._meta.db_table
 ATTEMPT = Attempt._meta.db_table
 WORKER = Worker._meta.db_table
+ARCHIVED_MESSAGE = ArchivedMessage._meta.db_table
+ARCHIVED_ATTEMPT = ArchivedAttempt._meta.db_table
 _FIELDS = Message._meta.concrete_fields
 _COLUMN_NAMES = [str(f.column) for f in _FIELDS]
 _ATTNAMES = [f.attname for f in _FIELDS]  # the same names today; from_db() and instances go by these
@@ -677,6 +680,10 @@ def record(alias: str, *, worker: str, outcomes: Sequence[Outcome]) -> set[int]:
 
 
 _LEASE_LOST = "lease lost before this outcome was recorded; the message was requeued and may be delivered again"
+_LEFT_THE_TABLE = (
+    "the message had left the message table (archived) before this outcome was recorded, so it is kept beside "
+    "the archived message; the message was not changed"
+)
 
 
 #: The record of a batch, one statement. The outcomes travel as one JSON document: psycopg dumped eight
@@ -700,13 +707,24 @@ _RECORD_PG = f"""
         FROM o
         WHERE m.id = o.id AND m.attempts = o.number AND m.locked_by = %s AND m.status = {_literal(PROCESSING)}
         RETURNING m.id
+    ), here AS (
+        SELECT o.*, upd.id IS NULL AS lost,
+               upd.id IS NOT NULL OR EXISTS (SELECT 1 FROM {MESSAGE} AS h WHERE h.id = o.id) AS in_table
+        FROM o LEFT JOIN upd ON upd.id = o.id
     ), ins AS (
         INSERT INTO {ATTEMPT} (message_id, number, started_at, finished_at, worker, outcome, error)
-        SELECT o.id, o.number, o.started_at, o.finished_at, %s, o.outcome,
-               CASE WHEN upd.id IS NULL THEN concat_ws(E'\\n', %s::text, NULLIF(o.error, '')) ELSE o.error END
-        FROM o LEFT JOIN upd ON upd.id = o.id
+        SELECT id, number, started_at, finished_at, %s, outcome,
+               CASE WHEN lost THEN concat_ws(E'\\n', %s::text, NULLIF(error, '')) ELSE error END
+        FROM here WHERE in_table
+    ), beside_the_archived AS (
+        INSERT INTO {ARCHIVED_ATTEMPT} (id, message_id, number, started_at, finished_at, worker, outcome, error,
+                                        archived_at)
+        SELECT nextval(pg_get_serial_sequence('{ATTEMPT}', 'id')), here.id, here.number, here.started_at,
+               here.finished_at, %s, here.outcome, concat_ws(E'\\n', %s::text, NULLIF(here.error, '')),
+               a.archived_at
+        FROM here JOIN {ARCHIVED_MESSAGE} AS a ON a.id = here.id WHERE NOT here.in_table
     )
-    SELECT o.id FROM o LEFT JOIN upd ON upd.id = o.id WHERE upd.id IS NULL
+    SELECT id FROM here WHERE lost
 """
 
 
@@ -746,7 +764,9 @@ def _record_pg(conn: BaseDatabaseWrapper, worker: str, outcomes: Sequence[Outcom
         for o in outcomes
     ]
     with _worker_cursor(conn) as cursor:
-        cursor.execute(_RECORD_PG, [json.dumps(rows, ensure_ascii=False), worker, worker, _LEASE_LOST])
+        cursor.execute(
+            _RECORD_PG, [json.dumps(rows, ensure_ascii=False), worker, worker, _LEASE_LOST, worker, _LEFT_THE_TABLE]
+        )
         return {row[0] for row in cursor.fetchall()}
 
 
@@ -777,6 +797,7 @@ def _record_generic(conn: BaseDatabaseWrapper, worker: str, outcomes: Sequence[O
                 )
             if cursor.rowcount != 1:
                 lost.add(o.message_id)
+        gone = _gone(cursor, lost)
         cursor.executemany(
             f"INSERT INTO {ATTEMPT} (message_id, number, started_at, finished_at, worker, outcome, error)"
             f" VALUES (%s, %s, %s, %s, %s, %s, %s)",
@@ -793,9 +814,56 @@ def _record_generic(conn: BaseDatabaseWrapper, worker: str, outcomes: Sequence[O
                     ),
                 )
                 for o in outcomes
+                if o.message_id not in gone
             ],
         )
+        for o in outcomes:
+            if o.message_id in gone:
+                _keep_beside_the_archived(conn, cursor, worker, o)
     return lost
+
+
+def _gone(cursor: Any, lost: set[int]) -> set[int]:
+    """Of the messages whose lease was lost, those no longer in the message table (archived meanwhile)."""
+    if not lost:
+        return set()
+    ids = sorted(lost)
+    cursor.execute(f"SELECT id FROM {MESSAGE} WHERE id IN ({', '.join(['%s'] * len(ids))})", ids)
+    return set(ids) - {row[0] for row in cursor.fetchall()}
+
+
+def _keep_beside_the_archived(conn: BaseDatabaseWrapper, cursor: Any, worker: str, o: Outcome) -> None:
+    """SQLite: the attempt of a message archived meanwhile goes to the archive, with an attempt id of its own.
+
+    The id comes from the attempt table's own sequence (a row inserted there and moved at once, inside
+    this transaction, whose foreign keys SQLite checks only at commit), so it never collides with the id
+    of an attempt archived later. A message deleted outright (delete mode) has nothing to keep it beside.
+    """
+    cursor.execute(f"SELECT archived_at FROM {ARCHIVED_MESSAGE} WHERE id = %s", [o.message_id])
+    row = cursor.fetchone()
+    if row is None:
+        return
+    cursor.execute(
+        f"INSERT INTO {ATTEMPT} (message_id, number, started_at, finished_at, worker, outcome, error)"
+        f" VALUES (%s, %s, %s, %s, %s, %s, %s)",
+        [
+            o.message_id,
+            o.number,
+            _prep_dt(conn, o.started_at),
+            _prep_dt(conn, o.finished_at),
+            worker,
+            o.attempt_outcome,
+            _storable_text("\n".join(filter(None, [_LEFT_THE_TABLE, o.error]))),
+        ],
+    )
+    attempt_id = cursor.lastrowid
+    cursor.execute(
+        f"INSERT INTO {ARCHIVED_ATTEMPT} (id, message_id, number, started_at, finished_at, worker, outcome, error,"
+        f" archived_at) SELECT id, message_id, number, started_at, finished_at, worker, outcome, error, %s"
+        f" FROM {ATTEMPT} WHERE id = %s",
+        [row[0], attempt_id],
+    )
+    cursor.execute(f"DELETE FROM {ATTEMPT} WHERE id = %s", [attempt_id])
 
 
 def release(alias: str, *, worker: str, message_ids: Iterable[int]) -> int:

@@ -271,3 +271,31 @@ def test_a_failing_housekeeping_round_is_reported_and_the_next_one_runs(monkeypa
         thread.join(15)
         logging.getLogger("django_outbox.relay").removeHandler(handler)
     assert "ok" in rounds and not thread.is_alive()
+
+
+def test_a_late_record_for_a_message_archived_meanwhile_keeps_every_attempt():
+    """Frozen worker, reap, cancel, archive, resume: the late record writes each attempt somewhere."""
+    from django_outbox import store
+
+    old = timezone.now() - dt.timedelta(hours=3)
+    archived, other = MessageFactory.create(created_at=old), MessageFactory.create(created_at=old)
+    claimed = store.claim("default", worker="frozen", limit=10, lease_seconds=1)
+    assert {m.id for m in claimed} == {archived.id, other.id}
+    Message.objects.filter(pk__in=[archived.pk, other.pk]).update(locked_until=timezone.now() - dt.timedelta(seconds=5))
+    assert len(store.reap("default")) == 2  # the worker's lease ran out while it was frozen
+    store.cancel("default", [archived.pk], reason="operator")
+    assert housekeeping.run("default").archived == 1  # cancelled over an hour ago's message: archived at once
+    now = timezone.now()
+    outcomes = [
+        store.Outcome(message_id=m.id, number=1, status="delivered", started_at=now, finished_at=now)
+        for m in (archived, other)
+    ]
+    lost = store.record("default", worker="frozen", outcomes=outcomes)  # the worker resumes
+    assert lost == {archived.id, other.id}, "both leases were lost; neither message changes"
+    assert list(Attempt.objects.filter(message=other).values_list("outcome", flat=True)) == ["abandoned", "delivered"]
+    kept = ArchivedAttempt.objects.filter(message_id=archived.pk).order_by("id")
+    assert [a.outcome for a in kept] == ["abandoned", "delivered"], "the late attempt is next to the archived message"
+    late = kept.last()
+    assert late is not None and late.worker == "frozen" and "left the message table" in late.error
+    assert late.archived_at == ArchivedMessage.objects.get(pk=archived.pk).archived_at
+    assert Message.objects.get(pk=other.pk).status == "pending"
