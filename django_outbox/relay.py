@@ -38,7 +38,7 @@ from .routing import resolve_transport
 from .timeouts import BoundedCaller, time_limit
 from .transports.base import checked_results
 from .transports.registry import TransportSet
-from .wakeup import Listener
+from .wakeup import Listener, notify_now
 
 logger = logging.getLogger("django_outbox.relay")
 
@@ -476,10 +476,32 @@ class Relay:
                 self._release(unstarted)
             with self.stats.lock:
                 self.stats.in_flight -= len(batch)
+        if self._hands_off_keys(batch, recorded, lost):
+            try:
+                notify_now(self.config.database)
+            except DatabaseError as exc:  # the others poll: late, not lost
+                logger.warning("could not wake the workers of other topics (%s)", exc)
         try:
             self._announce(batch, recorded, lost)
         except Exception:  # logging or a signal's plumbing failed: the outcomes are stored, go on
             logger.exception("announcing the outcomes of a batch failed")
+
+    def _hands_off_keys(self, batch: Sequence[Message], outcomes: Sequence[store.Outcome], lost: set[int]) -> bool:
+        """Whether recording this batch may have made a message of a topic this worker does not serve
+        claimable: it serves only some topics (``--topics``), and a keyed message of it is finished.
+
+        A worker that serves every topic claims the key's next message itself (``_claim_again_at_once``);
+        one that does not must wake the others, or they wait for their poll (NOTIFY wakes every
+        listener; the ones with nothing to claim go back to sleep after one claim).
+        """
+        cfg = self.config
+        if not cfg.topics or self.listener is None:
+            return False
+        keyed = {m.id for m in batch if m.key is not None}
+        return any(
+            o.message_id in keyed and o.message_id not in lost and o.status in (store.DELIVERED, store.DEAD)
+            for o in outcomes
+        )
 
     @staticmethod
     def _transport_name(message: Message) -> str | None:

@@ -35,6 +35,11 @@ from .conf import get_settings
 logger = logging.getLogger("django_outbox.wakeup")
 
 
+def notify_now(alias: str) -> None:
+    """Wake idle workers now (autocommit), for a change that is already committed."""
+    _notify(alias)
+
+
 def _notify(alias: str) -> None:
     settings = get_settings()
     with connections[alias].cursor() as cursor:
