@@ -184,10 +184,11 @@ def _batches(
 
 
 def _finished_sql(limit_sql: str) -> str:
-    # created_at bounds the walk of the partial index; delivered_at (when there is one) is what must be old.
+    # created_at bounds the walk of the partial index; what must be old is when the message became final:
+    # delivered_at, or for a cancelled message its available_at, which the cancel set to its own time.
     return (
         f"SELECT id FROM {MESSAGE} WHERE status IN (%s, %s) AND created_at < %s"
-        f" AND COALESCE(delivered_at, created_at) < %s ORDER BY created_at {limit_sql}"
+        f" AND COALESCE(delivered_at, available_at) < %s ORDER BY created_at {limit_sql}"
     )
 
 

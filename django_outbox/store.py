@@ -1157,7 +1157,12 @@ def retry(alias: str, message_ids: Iterable[int], *, reset_attempts: bool = Fals
 
 
 def cancel(alias: str, message_ids: Iterable[int], *, reason: str) -> ActionResult:
-    """Give up on pending or dead messages for good, keeping the reason."""
+    """Give up on pending or dead messages for good, keeping the reason.
+
+    ``available_at`` becomes the time of the cancel: a cancelled message is never due again, and
+    retention counts from when it became final (housekeeping), not from when it was sent, so a dead
+    message cancelled long after it was created keeps its reason and attempts for ``RETENTION``.
+    """
     ids = list(message_ids)
     with transaction.atomic(using=alias):
         allowed = list(
@@ -1169,6 +1174,7 @@ def cancel(alias: str, message_ids: Iterable[int], *, reason: str) -> ActionResu
         Message.objects.using(alias).filter(id__in=allowed).update(
             status=CANCELLED,
             last_error=f"cancelled: {reason}" if reason else "cancelled",
+            available_at=Now() if _is_pg(_connection(alias)) else timezone.now(),
             locked_by=None,
             locked_until=None,
         )

@@ -284,7 +284,8 @@ def test_a_late_record_for_a_message_archived_meanwhile_keeps_every_attempt():
     Message.objects.filter(pk__in=[archived.pk, other.pk]).update(locked_until=timezone.now() - dt.timedelta(seconds=5))
     assert len(store.reap("default")) == 2  # the worker's lease ran out while it was frozen
     store.cancel("default", [archived.pk], reason="operator")
-    assert housekeeping.run("default").archived == 1  # cancelled over an hour ago's message: archived at once
+    later = timezone.now() + dt.timedelta(hours=2)  # ARCHIVE_AFTER (an hour) after the cancel
+    assert housekeeping.run("default", now=later).archived == 1
     now = timezone.now()
     outcomes = [
         store.Outcome(message_id=m.id, number=1, status="delivered", started_at=now, finished_at=now)
@@ -299,3 +300,24 @@ def test_a_late_record_for_a_message_archived_meanwhile_keeps_every_attempt():
     assert late is not None and late.worker == "frozen" and "left the message table" in late.error
     assert late.archived_at == ArchivedMessage.objects.get(pk=archived.pk).archived_at
     assert Message.objects.get(pk=other.pk).status == "pending"
+
+
+@pytest.mark.parametrize("mode", ["delete", "archive"])
+def test_a_message_cancelled_long_after_it_was_created_keeps_its_reason_for_retention_from_the_cancel(mode):
+    """Retention counts from when a message became final, not from when it was sent."""
+    from django_outbox import store
+
+    with override_settings(OUTBOX={"RETENTION_MODE": mode, "RETENTION": dt.timedelta(days=7)}):
+        dead = finished("dead", dt.timedelta(days=10), last_error="boom")
+        store.cancel("default", [dead.pk], reason="gave up")
+        housekeeping.run("default")
+        assert Message.objects.filter(pk=dead.pk, status="cancelled").exists(), "cancelled just now: kept"
+        assert Attempt.objects.filter(message_id=dead.pk).exists()
+        housekeeping.run("default", now=timezone.now() + dt.timedelta(hours=2))
+        if mode == "archive":  # ARCHIVE_AFTER (an hour) after the cancel, it moves with its attempts
+            assert ArchivedMessage.objects.filter(pk=dead.pk).exists()
+        else:
+            assert Message.objects.filter(pk=dead.pk).exists()
+        housekeeping.run("default", now=timezone.now() + dt.timedelta(days=8, hours=2))
+        assert not Message.objects.filter(pk=dead.pk).exists()
+        assert not ArchivedMessage.objects.filter(pk=dead.pk).exists()
