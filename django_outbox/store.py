@@ -799,20 +799,9 @@ def _record_generic(conn: BaseDatabaseWrapper, worker: str, outcomes: Sequence[O
                 lost.add(o.message_id)
         gone = _gone(cursor, lost)
         cursor.executemany(
-            f"INSERT INTO {ATTEMPT} (message_id, number, started_at, finished_at, worker, outcome, error)"
-            f" VALUES (%s, %s, %s, %s, %s, %s, %s)",
+            _INSERT_ATTEMPT,
             [
-                (
-                    o.message_id,
-                    o.number,
-                    _prep_dt(conn, o.started_at),
-                    _prep_dt(conn, o.finished_at),
-                    worker,
-                    o.attempt_outcome,
-                    _storable_text(
-                        "\n".join(filter(None, [_LEASE_LOST, o.error])) if o.message_id in lost else o.error
-                    ),
-                )
+                _attempt_row(conn, worker, o, note=_LEASE_LOST if o.message_id in lost else "")
                 for o in outcomes
                 if o.message_id not in gone
             ],
@@ -821,6 +810,25 @@ def _record_generic(conn: BaseDatabaseWrapper, worker: str, outcomes: Sequence[O
             if o.message_id in gone:
                 _keep_beside_the_archived(conn, cursor, worker, o)
     return lost
+
+
+_INSERT_ATTEMPT = (
+    f"INSERT INTO {ATTEMPT} (message_id, number, started_at, finished_at, worker, outcome, error)"
+    f" VALUES (%s, %s, %s, %s, %s, %s, %s)"
+)
+
+
+def _attempt_row(conn: BaseDatabaseWrapper, worker: str, o: Outcome, *, note: str) -> tuple[Any, ...]:
+    """The parameters of ``_INSERT_ATTEMPT`` for one outcome, ``note`` (if any) before its error."""
+    return (
+        o.message_id,
+        o.number,
+        _prep_dt(conn, o.started_at),
+        _prep_dt(conn, o.finished_at),
+        worker,
+        o.attempt_outcome,
+        _storable_text("\n".join(filter(None, [note, o.error]))),
+    )
 
 
 def _gone(cursor: Any, lost: set[int]) -> set[int]:
@@ -843,19 +851,7 @@ def _keep_beside_the_archived(conn: BaseDatabaseWrapper, cursor: Any, worker: st
     row = cursor.fetchone()
     if row is None:
         return
-    cursor.execute(
-        f"INSERT INTO {ATTEMPT} (message_id, number, started_at, finished_at, worker, outcome, error)"
-        f" VALUES (%s, %s, %s, %s, %s, %s, %s)",
-        [
-            o.message_id,
-            o.number,
-            _prep_dt(conn, o.started_at),
-            _prep_dt(conn, o.finished_at),
-            worker,
-            o.attempt_outcome,
-            _storable_text("\n".join(filter(None, [_LEFT_THE_TABLE, o.error]))),
-        ],
-    )
+    cursor.execute(_INSERT_ATTEMPT, _attempt_row(conn, worker, o, note=_LEFT_THE_TABLE))
     attempt_id = cursor.lastrowid
     cursor.execute(
         f"INSERT INTO {ARCHIVED_ATTEMPT} (id, message_id, number, started_at, finished_at, worker, outcome, error,"

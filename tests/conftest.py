@@ -105,6 +105,15 @@ def worker_env() -> dict[str, str]:
     return env
 
 
+def send_in_process(topic: str, env: dict[str, str]) -> float:
+    """``outbox.send(topic, {})`` in a process of its own (its own connection settings); returns when it
+    committed, on ``time.monotonic()``."""
+    code = f"from django_outbox import outbox; outbox.send({topic!r}, {{}})"
+    command = [sys.executable, str(ROOT / "manage.py"), "shell", "-c", code]
+    subprocess.run(command, cwd=ROOT, env={**worker_env(), **env}, check=True, timeout=60)
+    return time.monotonic()
+
+
 class WorkerProcess:
     def __init__(self, *args: str, env: dict[str, str] | None = None) -> None:
         self.args = args

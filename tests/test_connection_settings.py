@@ -6,8 +6,6 @@ from __future__ import annotations
 import collections
 import json
 import signal
-import subprocess
-import sys
 import time
 
 import pytest
@@ -15,7 +13,7 @@ import pytest
 from django_outbox import outbox
 from django_outbox.models import Message
 
-from .conftest import ROOT, WorkerProcess, wait_for, worker_env
+from .conftest import WorkerProcess, send_in_process, wait_for
 from .probe.models import Delivery
 
 pytestmark = [pytest.mark.django_db(transaction=True), pytest.mark.usefixtures("postgres")]
@@ -55,15 +53,7 @@ def test_an_idle_worker_wakes_at_commit(name):
     worker = WorkerProcess("--poll-interval", "60", env=env_for(name))
     try:
         time.sleep(2.0)  # started, probed its listener, idle
-        sender = [
-            sys.executable,
-            str(ROOT / "manage.py"),
-            "shell",
-            "-c",
-            "from django_outbox import outbox; outbox.send('probe.woken', {})",
-        ]
-        subprocess.run(sender, cwd=ROOT, env={**worker_env(), **env_for(name)}, check=True, timeout=60)
-        sent = time.monotonic()
+        sent = send_in_process("probe.woken", env_for(name))
         wait_for(lambda: Delivery.objects.filter(topic="probe.woken").exists(), timeout=10)
         assert time.monotonic() - sent < 5, "woken by the NOTIFY, not the minute's poll"
     finally:

@@ -16,7 +16,7 @@ from django_outbox import outbox, wakeup
 from django_outbox.models import Message, Worker
 
 from . import pgbouncer
-from .conftest import IN_CI, ROOT, WorkerProcess, wait_for, worker_env
+from .conftest import IN_CI, ROOT, WorkerProcess, send_in_process, wait_for, worker_env
 from .probe.models import Delivery
 
 pytestmark = [pytest.mark.django_db(transaction=True), pytest.mark.usefixtures("postgres")]
@@ -102,15 +102,7 @@ def test_an_idle_worker_behind_transaction_pooling_wakes_at_commit_through_liste
     try:
         wait_for(lambda: Worker.objects.filter(stopped_at__isnull=True).exists(), timeout=30)
         time.sleep(1.0)  # the probe, then idle: only a wake-up can explain a delivery within seconds
-        sender = [
-            sys.executable,
-            str(ROOT / "manage.py"),
-            "shell",
-            "-c",
-            "from django_outbox import outbox; outbox.send('probe.woken', {})",
-        ]
-        subprocess.run(sender, cwd=ROOT, env={**worker_env(), **env}, check=True, timeout=60)
-        sent = time.monotonic()
+        sent = send_in_process("probe.woken", env)
         wait_for(lambda: Delivery.objects.filter(topic="probe.woken").exists(), timeout=10)
         assert time.monotonic() - sent < 5, "woken by the NOTIFY, not the minute's poll"
     finally:
