@@ -121,3 +121,17 @@ def test_smallest_chaos_run_through_a_restarted_and_paused_pooler(tmp_path: Path
     assert figures["accounts with a wrong balance"] == "0 of 10"
     if mode == "transaction":  # the workers' next transactions waited on the pause (SHOW POOLS in its middle)
         assert figures["clients waiting in the pause (SHOW POOLS)"] > 0
+
+
+def test_the_pooler_needs_the_private_postgresql() -> None:
+    """PgBouncer stands in front of a PostgreSQL server: on SQLite the option is refused before anything starts."""
+    run = subprocess.run(
+        [sys.executable, "bench/chaos.py", "--pooler", "transaction", "--database", "sqlite"],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    assert run.returncode == 2, run.stdout + run.stderr
+    assert "--pooler puts PgBouncer in front of the private PostgreSQL" in run.stderr
+    assert "SQLite file" not in run.stdout  # refused before the run made anything
