@@ -1,6 +1,7 @@
 """Fault injection: many producers and workers, killed workers and consumers, a database restart, a broker outage.
 
     python bench/chaos.py [--quick] [--messages 20000] [--duration 60] [--broker redis] [--database sqlite]
+                          [--pooler transaction|session]
 
 Runs on a private PostgreSQL cluster that it creates (initdb in a temporary directory, its own port,
 run as the ``postgres`` user when started as root), restarts once mid-run with ``pg_ctl restart -m
@@ -21,6 +22,14 @@ an exception at either point. With ``--broker redis``, a quarter of the messages
 through a TCP proxy that is cut for 10 s; a stream consumer process (bench/chaos_consumer/stream.py)
 applies their effects the same way and acknowledges each entry after its commit (it is killed by the
 same faults, and restarted), and the stream is read back for the raw audit.
+
+With ``--pooler transaction`` (or ``session``), producers, workers and the stream consumer reach the
+private cluster through a private PgBouncer (Debian's ``pgbouncer``, tests/pgbouncer.py) with fewer server
+connections than clients in transaction pooling; in transaction pooling the workers' listener has a direct
+alias of its own (``OUTBOX["LISTEN_DATABASE"]``, as docs/deploying.md recommends), in session pooling it
+goes through the pooler too. Two more faults strike mid-drain: the pooler is killed (SIGKILL) and started
+again on the same port, and later paused from its admin console (``PAUSE``) and resumed 3 s on
+(``RESUME``). The runner itself counts through a direct connection, so a pause never stalls it.
 
 Four ``manage.py outbox_worker`` processes relay; every few seconds one is killed with SIGKILL and
 replaced. At the end it prints sent, delivered, dead, lost, duplicates (each explained by an attempt
@@ -71,6 +80,7 @@ LEASE = "2"
 HANDLER_TIMEOUT = "2"
 HANDLER_SLEEP = 0.005  # a delivery takes a little while, so a killed worker is often caught mid-batch
 ACCOUNTS = 10  # the consumer's effect moves one of these balances
+POOLER_PAUSE = 3.0  # seconds between PAUSE and RESUME on the pooler's console: longer than a lease (2 s)
 # Faults for the consumer (bench/chaos_consumer/outbox.py), by a producer's message number modulo 1000.
 FAULT_EVERY = 1000
 FAULTS = {10: "kill_in_transaction", 30: "kill_after_commit", 50: "raise_in_transaction", 70: "raise_after_commit"}
@@ -252,6 +262,7 @@ class Run:
     cluster: PrivateCluster | None  # None on SQLite
     workdir: Path
     env: dict[str, str]
+    pooler: Any = None  # a tests.pgbouncer.PgBouncer in front of the cluster, with --pooler
     workers: list[subprocess.Popen[bytes]] = field(default_factory=list)
     producers: list[subprocess.Popen[bytes]] = field(default_factory=list)
     consumers: list[subprocess.Popen[bytes]] = field(default_factory=list)  # of the Redis stream
@@ -259,6 +270,10 @@ class Run:
     restarts: int = 0
     db_restarts: int = 0
     broker_outages: int = 0
+    pooler_restarts: int = 0
+    pooler_pauses: int = 0
+    pooler_clients_waiting: int = 0  # clients held by the pause, from SHOW POOLS (cl_waiting) in its middle
+    longest_stall: float = 0.0  # seconds without a new delivery while messages were pending (the faults' shape)
     worker_serial: int = 0
     exited: int = 0  # workers that ended on their own (the consumer's SIGKILL faults), replaced
     consumers_exited: int = 0  # likewise, stream consumers
@@ -377,18 +392,38 @@ def broker_proxy(args: argparse.Namespace, env: dict[str, str]) -> Iterator[Any]
         proxy.close()
 
 
+def start_pooler(mode: str, cluster: PrivateCluster) -> Any:
+    from tests import pgbouncer
+
+    if not pgbouncer.available():
+        sys.exit(f"chaos: --pooler needs PgBouncer at {pgbouncer.BINARY} (apt-get install pgbouncer)")
+    # Transaction pooling shares few server connections among many clients, as in production; session
+    # pooling gives each client a server session of its own, so it needs one per client.
+    return pgbouncer.PgBouncer(mode, server_port=cluster.port, pool_size=8 if mode == "transaction" else 80)
+
+
 def chaos(args: argparse.Namespace) -> int:
     started = time.monotonic()
     cluster = PrivateCluster(args.port) if args.database == "postgresql" else None
     workdir = Path(tempfile.mkdtemp(prefix="outbox-chaos-run-"))
+    pooler = None
     failed = True
     try:
+        listen_url = None
         if cluster is not None:
             log(f"private PostgreSQL in {cluster.dir} on port {cluster.port}")
             cluster.start()
-            url = cluster.url
+            url = direct_url = cluster.url
+            if args.pooler:
+                pooler = start_pooler(args.pooler, cluster)
+                url = pooler.url("postgres")
+                listen_url = direct_url if args.pooler == "transaction" else None
+                log(
+                    f"PgBouncer ({args.pooler} pooling) on port {pooler.port} in front of it; the listener "
+                    + ("connects directly (LISTEN_DATABASE)" if listen_url else "goes through the pooler")
+                )
         else:
-            url = f"sqlite:///{workdir / 'chaos.sqlite3'}"
+            url = direct_url = f"sqlite:///{workdir / 'chaos.sqlite3'}"
             log(f"SQLite file {workdir / 'chaos.sqlite3'}")
         env = {
             **os.environ,
@@ -400,11 +435,17 @@ def chaos(args: argparse.Namespace) -> int:
             "CHAOS_FAULT_LOG": str(workdir / "faults.log"),
             "CHAOS_CONSUMER_INBOX": "0" if args.consumer_without_inbox else "1",
         }
-        os.environ.update({k: env[k] for k in ("DATABASE_URL", "DJANGO_SETTINGS_MODULE", "DEBUG")})
+        if listen_url:
+            env["LISTEN_DATABASE_URL"] = listen_url  # tests/settings.py: DATABASES["listen"], LISTEN_DATABASE
+        # The runner migrates, counts and audits on a direct connection: a paused pooler must not stall it.
+        os.environ.update({k: env[k] for k in ("DJANGO_SETTINGS_MODULE", "DEBUG")}, DATABASE_URL=direct_url)
         with broker_proxy(args, env) as proxy:
             os.environ.update({k: v for k, v in env.items() if k.startswith("CHAOS_")})
             subprocess.run(
-                [sys.executable, str(ROOT / "manage.py"), "migrate", "--verbosity", "0"], cwd=ROOT, env=env, check=True
+                [sys.executable, str(ROOT / "manage.py"), "migrate", "--verbosity", "0"],
+                cwd=ROOT,
+                env={**env, "DATABASE_URL": direct_url},
+                check=True,
             )
             import django
 
@@ -412,22 +453,60 @@ def chaos(args: argparse.Namespace) -> int:
             from bench.chaos_consumer.models import Account
 
             Account.objects.bulk_create(Account(name=f"a{i}") for i in range(ACCOUNTS))
-            run = Run(args=args, cluster=cluster, workdir=workdir, env=env)
+            run = Run(args=args, cluster=cluster, pooler=pooler, workdir=workdir, env=env)
             try:
                 failed = _drive(run, proxy, started) != 0
             finally:
                 run.stop_all()
                 if failed:
                     _show_logs(workdir)
+                    if pooler is not None:
+                        print("--- pgbouncer.log (last lines)", *pooler.log().splitlines()[-15:], sep="\n")
     finally:
         with contextlib.suppress(Exception):
             from django.db import connections
 
             connections.close_all()
+        if pooler is not None:
+            pooler.stop()
         if cluster is not None:
             cluster.remove()
         shutil.rmtree(workdir, ignore_errors=True)
     return 1 if failed else 0
+
+
+class PoolerPause:
+    """``PAUSE`` on PgBouncer's console, ``RESUME`` ``POOLER_PAUSE`` seconds later, without stalling the loop.
+
+    ``PAUSE`` returns once every server connection is idle, which in session pooling is never while a
+    client holds its session: it runs on a thread of its own, and ``RESUME`` (on another console
+    connection) ends the pause whether or not it had returned.
+    """
+
+    def __init__(self, pooler: Any) -> None:
+        import threading
+
+        self.pooler = pooler
+        self.started = time.monotonic()
+        self.clients_waiting = 0
+        self.sampled = False
+        self.thread = threading.Thread(target=self._pause, daemon=True)
+        self.thread.start()
+
+    def _pause(self) -> None:
+        with contextlib.suppress(Exception):  # ended by RESUME, or by the pooler's stop at the end of the run
+            self.pooler.admin("PAUSE")
+
+    def step(self, now: float) -> bool:
+        """Sample the waiting clients halfway, resume at the end; True once resumed."""
+        if not self.sampled and now >= self.started + POOLER_PAUSE / 2:
+            rows = self.pooler.admin("SHOW POOLS")  # database, user, cl_active, cl_waiting, ...
+            self.clients_waiting = sum(int(row[3]) for row in rows if row[0] != "pgbouncer")
+            self.sampled = True
+        if now < self.started + POOLER_PAUSE:
+            return False
+        self.pooler.admin("RESUME")
+        return True
 
 
 def _drive(run: Run, proxy: Any, started: float) -> int:
@@ -457,6 +536,13 @@ def _drive(run: Run, proxy: Any, started: float) -> int:
     restart_at = started + args.duration * 0.4 if run.cluster is not None else None
     outage_at = started + args.duration * 0.6 if proxy else None
     outage_until = None
+    # The pooler's faults, away from the server's restart (0.4) and the broker's outage (0.6), counted from
+    # the producers' start (not the cluster's), so they strike mid-drain however long the setup took.
+    sending = time.monotonic()
+    pooler_restart_at = sending + args.duration * 0.25 if run.pooler is not None else None
+    pause_at = sending + args.duration * 0.75 if run.pooler is not None else None
+    pause: PoolerPause | None = None
+    delivered, progress_at = 0, time.monotonic()
     next_kill = time.monotonic() + random.uniform(*args.kill_every)
     next_report = time.monotonic() + 5
     deadline = started + args.timeout
@@ -485,11 +571,30 @@ def _drive(run: Run, proxy: Any, started: float) -> int:
             proxy.up()
             outage_until = None
             log("broker connection restored")
+        if pooler_restart_at is not None and now >= pooler_restart_at:
+            log("killing PgBouncer (SIGKILL: every client connection drops) and starting it again on its port")
+            away = run.pooler.restart()
+            run.pooler_restarts += 1
+            pooler_restart_at = None
+            log(f"PgBouncer back after {away:.2f}s")
+        if pause_at is not None and now >= pause_at:
+            log(f"PAUSE on PgBouncer's console; RESUME in {POOLER_PAUSE:g}s")
+            pause = PoolerPause(run.pooler)
+            run.pooler_pauses += 1
+            pause_at = None
+        if pause is not None and pause.step(now):
+            run.pooler_clients_waiting = pause.clients_waiting
+            log(f"RESUME: {pause.clients_waiting} clients were waiting on the paused pooler")
+            pause = None
         producing = any(p.poll() is None for p in run.producers)
         if any(p.returncode not in (None, 0) for p in run.producers):
             log("a producer failed")
             return 2
         counts = _counts()
+        if counts is not None:
+            if counts.get("delivered", 0) != delivered or not counts.get("pending"):
+                delivered, progress_at = counts.get("delivered", 0), now
+            run.longest_stall = max(run.longest_stall, now - progress_at)
         if now >= next_report:
             log(f"messages by status: {counts}; kills {run.kills}")
             next_report = now + 5
@@ -498,6 +603,9 @@ def _drive(run: Run, proxy: Any, started: float) -> int:
             and restart_at is None
             and outage_until is None
             and outage_at is None
+            and pooler_restart_at is None
+            and pause_at is None
+            and pause is None
             and counts is not None
             and not counts.get("pending")
             and not counts.get("processing")
@@ -700,6 +808,11 @@ def report(run: Run, wall: float) -> int:
         "stream consumers that exited on their own (consumer kills)": run.consumers_exited,
         "PostgreSQL restarts": run.db_restarts,
         "broker outages (10 s)": run.broker_outages,
+        "pooler": f"PgBouncer, {run.args.pooler} pooling" if run.pooler is not None else "none",
+        "pooler restarts (SIGKILL, same port)": run.pooler_restarts,
+        f"pooler pauses (PAUSE, RESUME {POOLER_PAUSE:g} s later)": run.pooler_pauses,
+        "clients waiting in the pause (SHOW POOLS)": run.pooler_clients_waiting,
+        "longest time without a delivery while messages waited": f"{run.longest_stall:.1f} s",
         "wall time": f"{wall:.1f} s",
     }
     print()
@@ -769,6 +882,11 @@ def main() -> None:
         action="store_true",
         help="apply effects without inbox.receive(), to see the run report them applied twice (it exits 1)",
     )
+    parser.add_argument(
+        "--pooler",
+        choices=["transaction", "session"],
+        help="reach the private PostgreSQL through a PgBouncer in this pooling mode, restarted and paused mid-drain",
+    )
     parser.add_argument("--timeout", type=float, help="give up (exit 2) after this many seconds")
     parser.add_argument("--json", help="also write the figures to this file")
     args = parser.parse_args()
@@ -782,6 +900,8 @@ def main() -> None:
 
         stream.run(REDIS_URL, args.stream)
         return
+    if args.pooler and args.database != "postgresql":
+        parser.error("--pooler puts PgBouncer in front of the private PostgreSQL: it needs --database postgresql")
     args.messages = args.messages or (3000 if args.quick else 20000)
     args.duration = args.duration or (25.0 if args.quick else 60.0)
     args.timeout = args.timeout or args.duration + (80 if args.quick else 300)

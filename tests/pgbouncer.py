@@ -2,7 +2,8 @@
 
 Production Django sites on PostgreSQL mostly reach it through a pooler; the tests put one in the way to
 show what the outbox does there. ``PgBouncer(mode)`` starts one in ``transaction`` or ``session``
-pooling; ``admin()`` runs a command on its console (``PAUSE``, ``RESUME``, ``SHOW POOLS``...).
+pooling; ``admin()`` runs a command on its console (``PAUSE``, ``RESUME``, ``SHOW POOLS``...); ``restart()`` kills it
+and starts it again on the same port (bench/chaos.py's pooler faults use both).
 """
 
 from __future__ import annotations
@@ -50,6 +51,9 @@ class PgBouncer:
             f"logfile = {self.dir / 'pgbouncer.log'}\n"
             f"pidfile = {self.dir / 'pgbouncer.pid'}\n"
         )
+        self.proc = self._start()
+
+    def _start(self) -> subprocess.Popen[bytes]:
         args = [BINARY, str(self.dir / "pgbouncer.ini")]
         if os.geteuid() == 0:  # PgBouncer refuses to run as root
             user = pwd.getpwnam("postgres")
@@ -59,6 +63,18 @@ class PgBouncer:
             args[1:1] = ["-u", "postgres"]
         self.proc = subprocess.Popen(args, stdout=subprocess.DEVNULL, stderr=subprocess.STDOUT)
         self._wait_listening()
+        return self.proc
+
+    def restart(self) -> float:
+        """Kill the pooler (SIGKILL: every client and server connection drops at once, as in a crash or an
+        OOM kill) and start it again on the same port; returns the seconds it was away."""
+        started = time.monotonic()
+        if self.proc.poll() is None:
+            self.proc.kill()
+            self.proc.wait(10)
+        (self.dir / "pgbouncer.pid").unlink(missing_ok=True)  # a killed PgBouncer leaves its pidfile behind
+        self._start()
+        return time.monotonic() - started
 
     def _wait_listening(self, timeout: float = 10.0) -> None:
         deadline = time.monotonic() + timeout

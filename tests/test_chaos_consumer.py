@@ -20,7 +20,7 @@ from django.db import connection
 
 from bench.chaos import audit_effects
 
-from .conftest import ROOT
+from .conftest import IN_CI, ROOT
 
 SMALLEST = ("--messages", "100", "--duration", "3", "--producers", "1", "--workers", "2", "--timeout", "240")
 
@@ -94,3 +94,44 @@ def test_chaos_run_catches_a_consumer_without_the_inbox(tmp_path: Path) -> None:
     assert figures["effects applied more than once"] >= 2
     assert figures["accounts with a wrong balance"] != "0 of 10"
     assert figures["lost"] == 0  # the outbox itself lost nothing: only the consumer is at fault
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("mode", ["transaction", "session"])
+def test_smallest_chaos_run_through_a_restarted_and_paused_pooler(tmp_path: Path, mode: str) -> None:
+    """The run's pooler scenarios in their smallest form: producers and workers reach the private cluster
+    through PgBouncer, which is killed and restarted on its port, then paused and resumed, mid-drain."""
+    from . import pgbouncer
+
+    if connection.vendor != "postgresql":
+        pytest.skip("the pooler stands in front of the private PostgreSQL cluster")
+    if not pgbouncer.available():
+        if IN_CI:
+            pytest.fail("pgbouncer is not installed (apt-get install pgbouncer); under CI=true that is a failure")
+        pytest.skip("pgbouncer is not installed")
+    run, figures = run_chaos(tmp_path, "--pooler", mode)
+    assert run.returncode == 0, run.stdout[-4000:] + run.stderr[-4000:]
+    assert figures["pooler"] == f"PgBouncer, {mode} pooling"
+    assert figures["pooler restarts (SIGKILL, same port)"] == 1
+    assert figures["pooler pauses (PAUSE, RESUME 3 s later)"] == 1
+    assert figures["PostgreSQL restarts"] == 1
+    assert figures["sent (committed)"] == figures["effects applied"] == 100
+    assert figures["lost"] == figures["duplicates unexplained"] == 0
+    assert figures["effects applied more than once"] == figures["effects lost"] == 0
+    assert figures["accounts with a wrong balance"] == "0 of 10"
+    if mode == "transaction":  # the workers' next transactions waited on the pause (SHOW POOLS in its middle)
+        assert figures["clients waiting in the pause (SHOW POOLS)"] > 0
+
+
+def test_the_pooler_needs_the_private_postgresql() -> None:
+    """PgBouncer stands in front of a PostgreSQL server: on SQLite the option is refused before anything starts."""
+    run = subprocess.run(
+        [sys.executable, "bench/chaos.py", "--pooler", "transaction", "--database", "sqlite"],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    assert run.returncode == 2, run.stdout + run.stderr
+    assert "--pooler puts PgBouncer in front of the private PostgreSQL" in run.stderr
+    assert "SQLite file" not in run.stdout  # refused before the run made anything
