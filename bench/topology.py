@@ -369,12 +369,10 @@ def drain_once(ctx: Context, t: Topology, processes: int, n: int) -> Json:
         "per_s": n / max(t1 - first, 1e-3),
         "per_s_from_commit": n / (t1 - t0),
         "wake_s": first - t0,
-        "delivered_once": int(row[0]),
-        "attempts": int(row[1]),
+        "delivered_once": int(str(row[0])),
+        "attempts": int(str(row[1])),
         "trouble_lines": sum(trouble(p.lines) for p in started),
-        "fallback_logged": sum(
-            1 for p in started for line in p.lines if "prepared statements do not survive" in line
-        ),
+        "fallback_logged": sum(1 for p in started for line in p.lines if "prepared statements do not survive" in line),
     }
 
 
@@ -401,9 +399,7 @@ def drain(ctx: Context, paths: list[Topology], reference: Topology) -> Json:
                 "per_s": median([x["per_s"] for x in r]),
                 "per_s_from_commit": median([x["per_s_from_commit"] for x in r]),
                 "wake_s": median([x["wake_s"] for x in r]),
-                "ratio": median(
-                    [x["per_s"] / ref["per_s"] for x, ref in zip(r, reps[reference.name], strict=True)]
-                ),
+                "ratio": median([x["per_s"] / ref["per_s"] for x, ref in zip(r, reps[reference.name], strict=True)]),
                 "duplicates": sum(x["attempts"] - n for x in r),
                 "not_once": sum(n - x["delivered_once"] for x in r),
                 "trouble_lines": sum(x["trouble_lines"] for x in r),
@@ -498,7 +494,9 @@ def render(results: Json) -> str:
         "|---|---|---|---|",
     ]
     for lat in f.get("latency", {}).values():
-        limit = f"{lat['notify_p50_ms']:.2f} / {lat['notify_p99_ms']:.2f} ms" if "notify_p50_ms" in lat else "none hears"
+        limit = "none hears"
+        if "notify_p50_ms" in lat:
+            limit = f"{lat['notify_p50_ms']:.2f} / {lat['notify_p99_ms']:.2f} ms"
         lines.append(
             f"| {lat['label']} | {lat['p50_ms']:.1f} / {lat['p95_ms']:.1f} / {lat['p99_ms']:.1f} ms | {limit} |"
             f" {lat['p50_ratio_to_direct']:.2f}x |"
@@ -506,7 +504,8 @@ def render(results: Json) -> str:
     for key in ("drain", "prepared"):
         if key not in f:
             continue
-        lines += ["", f"| {key}: topology | processes | msg/s (first claim on) | msg/s from commit | ratio | duplicates |"]
+        header = "| processes | msg/s (first claim on) | msg/s from commit | ratio | duplicates |"
+        lines += ["", f"| {key}: topology " + header]
         lines.append("|---|---|---|---|---|---|")
         for processes, by in f[key]["by_processes"].items():
             for d in by.values():
