@@ -158,7 +158,9 @@ def main() -> int:
                     continue
                 cursor.execute("EXPLAIN " + sql)
                 plan = "\n".join(row[0] for row in cursor.fetchall())
-                if f"Seq Scan on {TABLE}" in plan:
+                # A scan of the heap's first rows for an unfiltered, limited count is bounded.
+                bounded = " WHERE " not in sql and " LIMIT " in sql
+                if f"Seq Scan on {TABLE}" in plan and not bounded:
                     seq_scans.append(sql[:120])
         plan_note = "no seq scan" if not seq_scans else f"SEQ SCAN x{len(seq_scans)}"
         print(f"{label:<28}{statistics.median(times):>10.1f}{max(times):>10.1f}{len(queries):>9}  {plan_note}")
@@ -207,8 +209,9 @@ def load(client: Any, url: str | None, repeat: int) -> tuple[list[float], list[s
                     response = client.get(url)
                     if response.status_code != 200:
                         errors.append(f"HTTP {response.status_code}")
-            except DatabaseError as exc:  # a statement_timeout, typically
-                errors.append(str(exc).strip().splitlines()[0])
+            except DatabaseError as exc:  # a statement_timeout, typically: name the statement
+                failed = connection.queries_log[-1]["sql"][:200] if connection.queries_log else "?"
+                errors.append(f"{str(exc).strip().splitlines()[0]} in {failed}")
             except SystemExit as exc:  # outbox_status's health exit codes (no live worker here)
                 if exc.code not in (0, 1, 2, None):
                     errors.append(f"exit {exc.code}")

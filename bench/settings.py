@@ -30,7 +30,8 @@ OUTBOX = {
 }
 if "BENCH_HOUSEKEEPING_INTERVAL" in os.environ:  # bench/autovacuum.py keeps its history: no archiving
     OUTBOX["HOUSEKEEPING_INTERVAL_SECONDS"] = float(os.environ["BENCH_HOUSEKEEPING_INTERVAL"])
-LOGGING["loggers"]["django_outbox"]["level"] = "ERROR"  # type: ignore[index]  # noqa: F405
+# BENCH_LOG_LEVEL=WARNING: bench/topology.py counts the warnings (the prepared-statement fallback's)
+LOGGING["loggers"]["django_outbox"]["level"] = os.environ.get("BENCH_LOG_LEVEL", "ERROR")  # type: ignore[index]  # noqa: F405
 if "BENCH_CONCURRENCY" in os.environ:  # the workers' delivery threads, for an A/B of the default (two)
     OUTBOX["CONCURRENCY"] = int(os.environ["BENCH_CONCURRENCY"])
 # bench/topology.py: workers through other paths to the server. BENCH_DB_OPTIONS (JSON) is merged into the

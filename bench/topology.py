@@ -78,7 +78,7 @@ class Sizes:
 
 SIZES = {
     "full": Sizes(reps=5, latency_messages=200, polling_messages=40, drain_messages=20_000, drain_processes=(1, 2)),
-    "quick": Sizes(reps=3, latency_messages=100, polling_messages=20, drain_messages=5000, drain_processes=(1, 2)),
+    "quick": Sizes(reps=3, latency_messages=100, polling_messages=20, drain_messages=20_000, drain_processes=(1, 2)),
     "smoke": Sizes(reps=1, latency_messages=5, polling_messages=2, drain_messages=200, drain_processes=(1,)),
 }
 
@@ -155,7 +155,7 @@ def connect(dsn: str) -> psycopg.Connection[tuple[Any, ...]]:
 
 
 def start_worker(t: Topology, *extra: str, udp_port: int | None = None) -> procs.Proc:
-    env = {**t.env, "BENCH_POLL_INTERVAL": str(DEFAULT_POLL_INTERVAL)}
+    env = {**t.env, "BENCH_POLL_INTERVAL": str(DEFAULT_POLL_INTERVAL), "BENCH_LOG_LEVEL": "WARNING"}
     if udp_port is not None:
         env["BENCH_UDP_PORT"] = str(udp_port)
     return procs.outbox_worker(t.worker_dsn, "--batch-size", "100", *extra, env=env)

@@ -182,7 +182,7 @@ def test_status_json_says_when_the_lag_is_a_bound(monkeypatch):
     for i in range(3):
         MessageFactory.create(key="stuck", available_at=now - dt.timedelta(minutes=60 - i))
     assert json.loads(status("--json"))["lag_exact"] is True
-    monkeypatch.setattr(overview, "EXACT_COUNT_CAP", 1)
+    monkeypatch.setattr(overview, "DUE_WINDOW", 1)
     data = json.loads(status("--json"))
     assert data["lag_exact"] is False and 58 * 60 < data["lag_seconds"] < 60 * 60
 
