@@ -6,17 +6,28 @@ It creates the database if needed, migrates it, fills it once with ``generate_se
 2% pending, 0.5% dead, 0.5% cancelled, 20 topics, one attempt per message), then loads each admin page a
 few times through Django's test client. It fails (exit 1) when a page runs more than ``MAX_QUERIES``
 (``MAX_QUERIES_OVERVIEW``) queries or when PostgreSQL plans a sequential scan of the message table for any of them.
+
+Then it loads the overview, the message list and ``outbox_status --json`` again through a connection of a
+role with a DBA's timeouts (``statement_timeout``, ``lock_timeout`` and
+``idle_in_transaction_session_timeout`` of 200 ms, set with ``ALTER ROLE ... SET`` as a DBA would) and
+reports each one's slowest statement against that limit; it fails when one exceeds it. Last, the same on
+a pathological shape: ``--held-behind-one-key`` (200,000 by default) pending messages, due and older than
+every other, all held behind one dead message of their key; they are deleted afterwards.
 """
 
 from __future__ import annotations
 
 import argparse
 import datetime as dt
+import io
 import os
 import statistics
 import sys
 import time
+from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
+from typing import Any
 from urllib.parse import urlencode
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -28,8 +39,15 @@ os.environ["DJANGO_SETTINGS_MODULE"] = "tests.settings"
 os.environ["DEBUG"] = "false"
 
 MAX_QUERIES = 10  # per list or detail page; the overview gathers more figures
-MAX_QUERIES_OVERVIEW = 13  # its figures, plus two for the blocked-keys panel
+# The overview: seven for the five status counts (two past the cap are estimated), one each for the lag,
+# the dead topics, the per-minute chart, the workers, held-by-schedule and held-by-key, two for the
+# blocked-keys panel.
+MAX_QUERIES_OVERVIEW = 15
 TABLE = "django_outbox_message"
+ROLE = "outbox_bench_timeouts"
+TIMEOUT_MS = 200
+TIMEOUTS = ("statement_timeout", "lock_timeout", "idle_in_transaction_session_timeout")
+STUCK_KEY = "bench-stuck-key"
 
 FILL = """
 INSERT INTO django_outbox_message (uuid, topic, key, payload, headers, idempotency_key, status, attempts,
@@ -59,10 +77,26 @@ FROM django_outbox_message WHERE status IN ('delivered', 'dead')
 """
 
 
+# The pathological shape: one dead message, then ``n`` pending messages of its key, due long before any
+# other, so they sit at the head of the due index and every one of them is held behind the dead one.
+STUCK = """
+INSERT INTO django_outbox_message (uuid, topic, key, payload, headers, idempotency_key, status, attempts,
+    max_attempts, available_at, created_at, delivered_at, last_error)
+SELECT gen_random_uuid(), 'topic.stuck', %(key)s, jsonb_build_object('n', i), '{}'::jsonb, NULL,
+       CASE WHEN i = 0 THEN 'dead' ELSE 'pending' END, CASE WHEN i = 0 THEN 5 ELSE 0 END, 5,
+       now() - interval '30 days' + make_interval(secs => i), now() - interval '30 days', NULL,
+       CASE WHEN i = 0 THEN 'refused' ELSE '' END
+FROM generate_series(0, %(n)s) AS i
+"""
+
+
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--rows", type=int, default=1_000_000)
     parser.add_argument("--repeat", type=int, default=5)
+    parser.add_argument(
+        "--held-behind-one-key", type=int, default=200_000, help="pending messages behind one dead key (0: skip)"
+    )
     args = parser.parse_args()
     ensure_database(os.environ["DATABASE_URL"])
 
@@ -73,13 +107,13 @@ def main() -> int:
     from django.core.management import call_command
     from django.db import connection
     from django.test import Client
-    from django.test.utils import CaptureQueriesContext
     from django.utils import timezone
 
     from django_outbox.models import Message
 
     call_command("migrate", database="default", verbosity=0)
     with connection.cursor() as cursor:
+        cursor.execute(f"DELETE FROM {TABLE} WHERE key = %s", [STUCK_KEY])  # left by an interrupted run
         cursor.execute(f"SELECT count(*) FROM {TABLE}")  # once, to decide whether to fill
         have = cursor.fetchone()[0]
         if have != args.rows:
@@ -114,23 +148,19 @@ def main() -> int:
     failures = []
     print(f"\n{'page':<28}{'median ms':>10}{'max ms':>10}{'queries':>9}  plan")
     for label, url in pages.items():
-        times, queries = [], []
-        for _ in range(args.repeat):
-            with CaptureQueriesContext(connection) as captured:
-                started = time.perf_counter()
-                response = client.get(url)
-                times.append((time.perf_counter() - started) * 1000)
-            if response.status_code != 200:
-                failures.append(f"{label}: HTTP {response.status_code}")
-            queries = [q["sql"] for q in captured.captured_queries if not q["sql"].startswith("EXPLAIN")]
+        times, statements, _slowest, errors = load(client, url, args.repeat)
+        queries = [sql for sql in statements if not sql.startswith("EXPLAIN")]  # the estimates of counts
+        failures += [f"{label}: {e}" for e in errors]
         seq_scans = []
         with connection.cursor() as cursor:
             for sql in queries:
-                if TABLE not in sql or sql.lstrip().upper().startswith(("SAVEPOINT", "RELEASE")):
+                if TABLE not in sql or sql.lstrip().upper().startswith(("SAVEPOINT", "RELEASE", "EXPLAIN")):
                     continue
                 cursor.execute("EXPLAIN " + sql)
                 plan = "\n".join(row[0] for row in cursor.fetchall())
-                if f"Seq Scan on {TABLE}" in plan:
+                # A scan of the heap's first rows for an unfiltered, limited count is bounded.
+                bounded = " WHERE " not in sql and " LIMIT " in sql
+                if f"Seq Scan on {TABLE}" in plan and not bounded:
                     seq_scans.append(sql[:120])
         plan_note = "no seq scan" if not seq_scans else f"SEQ SCAN x{len(seq_scans)}"
         print(f"{label:<28}{statistics.median(times):>10.1f}{max(times):>10.1f}{len(queries):>9}  {plan_note}")
@@ -138,10 +168,115 @@ def main() -> int:
         if len(queries) > budget:
             failures.append(f"{label}: {len(queries)} queries > {budget}")
         failures += [f"{label}: sequential scan in {sql}" for sql in seq_scans]
+
+    strict = {
+        "overview": base + "overview/",
+        "list, newest first": base,
+        "filter status=pending": base + "?status__exact=pending",
+        "filter status=dead": base + "?status__exact=dead",
+        "outbox_status --json": None,
+    }
+    with strict_role(connection):
+        failures += under_timeouts(client, strict, args.repeat, f"{args.rows:,} rows")
+        if args.held_behind_one_key:
+            with stuck_key(connection, args.held_behind_one_key):
+                shape = f"{args.rows:,} rows + {args.held_behind_one_key:,} held behind one dead key"
+                failures += under_timeouts(client, strict, args.repeat, shape)
     print()
     for failure in failures:
         print("FAIL", failure)
     return 1 if failures else 0
+
+
+def load(client: Any, url: str | None, repeat: int) -> tuple[list[float], list[str], float, list[str]]:
+    """``repeat`` loads of ``url`` (None: ``outbox_status --json``): page times, the last load's
+    statements, the slowest statement of all loads (ms), and the errors met."""
+    from django.core.management import call_command
+    from django.db import DatabaseError, connection
+    from django.test.utils import CaptureQueriesContext
+
+    times: list[float] = []
+    queries: list[str] = []
+    slowest = 0.0
+    errors: list[str] = []
+    for _ in range(repeat):
+        with CaptureQueriesContext(connection) as captured:
+            started = time.perf_counter()
+            try:
+                if url is None:
+                    call_command("outbox_status", "--json", stdout=io.StringIO())
+                else:
+                    response = client.get(url)
+                    if response.status_code != 200:
+                        errors.append(f"HTTP {response.status_code}")
+            except DatabaseError as exc:  # a statement_timeout, typically: name the statement
+                failed = connection.queries_log[-1]["sql"][:200] if connection.queries_log else "?"
+                errors.append(f"{str(exc).strip().splitlines()[0]} in {failed}")
+            except SystemExit as exc:  # outbox_status's health exit codes (no live worker here)
+                if exc.code not in (0, 1, 2, None):
+                    errors.append(f"exit {exc.code}")
+            times.append((time.perf_counter() - started) * 1000)
+        queries = [q["sql"] for q in captured.captured_queries]
+        slowest = max([slowest, *(float(q["time"]) * 1000 for q in captured.captured_queries)])
+    return times, queries, slowest, errors
+
+
+def under_timeouts(client: Any, pages: dict[str, str | None], repeat: int, shape: str) -> list[str]:
+    """Each page through the strict role: its time, its slowest statement against the limit."""
+    print(f"\nunder statement_timeout = {TIMEOUT_MS}ms, {shape}")
+    print(f"{'page':<28}{'median ms':>10}{'slowest stmt':>14}{'statements':>12}  within {TIMEOUT_MS}ms")
+    failures = []
+    for label, url in pages.items():
+        times, queries, slowest, errors = load(client, url, repeat)
+        within = not errors and slowest < TIMEOUT_MS
+        verdict = "yes" if within else ("ERROR " + errors[0] if errors else "NO")
+        print(f"{label:<28}{statistics.median(times):>10.1f}{slowest:>14.1f}{len(queries):>12}  {verdict}")
+        if not within:
+            failures.append(f"{label} ({shape}): slowest statement {slowest:.0f} ms, errors {errors[:1]}")
+    return failures
+
+
+@contextmanager
+def strict_role(connection: Any) -> Iterator[None]:
+    """Django's connection re-opened as a role that has the DBA's timeouts (``ALTER ROLE ... SET``)."""
+    with connection.cursor() as cursor:
+        cursor.execute(f"DROP ROLE IF EXISTS {ROLE}")
+        cursor.execute(f"CREATE ROLE {ROLE} LOGIN SUPERUSER")
+        for name in TIMEOUTS:
+            cursor.execute(f"ALTER ROLE {ROLE} SET {name} = '{TIMEOUT_MS}ms'")
+    user = connection.settings_dict["USER"]
+    connection.close()
+    connection.settings_dict["USER"] = ROLE
+    try:
+        with connection.cursor() as cursor:
+            cursor.execute("SHOW statement_timeout")
+            shown = cursor.fetchone()[0]
+        assert shown == f"{TIMEOUT_MS}ms", f"the role's statement_timeout is {shown}"
+        yield
+    finally:
+        connection.close()
+        connection.settings_dict["USER"] = user
+        with connection.cursor() as cursor:
+            cursor.execute(f"DROP ROLE IF EXISTS {ROLE}")
+
+
+@contextmanager
+def stuck_key(connection: Any, n: int) -> Iterator[None]:
+    """``n`` pending messages held behind one dead message of their key, for the time of the block.
+
+    Written on a connection of its own without the role's timeouts (the fill is not what is measured)."""
+    import psycopg
+
+    dsn = os.environ["DATABASE_URL"]
+    with psycopg.connect(dsn, autocommit=True) as conn:
+        conn.execute(STUCK, {"key": STUCK_KEY, "n": n})
+        conn.execute(f"ANALYZE {TABLE}")
+    try:
+        yield
+    finally:
+        with psycopg.connect(dsn, autocommit=True) as conn:
+            conn.execute(f"DELETE FROM {TABLE} WHERE key = %s", [STUCK_KEY])
+            conn.execute(f"VACUUM ANALYZE {TABLE}")
 
 
 if __name__ == "__main__":

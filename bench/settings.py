@@ -30,6 +30,17 @@ OUTBOX = {
 }
 if "BENCH_HOUSEKEEPING_INTERVAL" in os.environ:  # bench/autovacuum.py keeps its history: no archiving
     OUTBOX["HOUSEKEEPING_INTERVAL_SECONDS"] = float(os.environ["BENCH_HOUSEKEEPING_INTERVAL"])
-LOGGING["loggers"]["django_outbox"]["level"] = "ERROR"  # type: ignore[index]  # noqa: F405
+# BENCH_LOG_LEVEL=WARNING: bench/topology.py counts the warnings (the prepared-statement fallback's)
+LOGGING["loggers"]["django_outbox"]["level"] = os.environ.get("BENCH_LOG_LEVEL", "ERROR")  # type: ignore[index]  # noqa: F405
 if "BENCH_CONCURRENCY" in os.environ:  # the workers' delivery threads, for an A/B of the default (two)
     OUTBOX["CONCURRENCY"] = int(os.environ["BENCH_CONCURRENCY"])
+# bench/topology.py: workers through other paths to the server. BENCH_DB_OPTIONS (JSON) is merged into the
+# default alias's OPTIONS (Django's pool: {"pool": {...}}); BENCH_LISTEN_DATABASE_URL adds the direct alias
+# that only the listener uses (OUTBOX["LISTEN_DATABASE"]) behind transaction pooling.
+if os.environ.get("BENCH_DB_OPTIONS"):
+    import json
+
+    DATABASES["default"].setdefault("OPTIONS", {}).update(json.loads(os.environ["BENCH_DB_OPTIONS"]))  # noqa: F405
+if os.environ.get("BENCH_LISTEN_DATABASE_URL"):
+    DATABASES["listen"] = env.db_url_config(os.environ["BENCH_LISTEN_DATABASE_URL"])  # noqa: F405
+    OUTBOX["LISTEN_DATABASE"] = "listen"

@@ -76,3 +76,37 @@ def test_smoke_run_measures_every_figure(bench_dsn, tmp_path):
         "e. worker RSS",
     ):
         assert row in run.stdout
+
+
+def test_topology_smoke_run_measures_every_topology(bench_dsn, tmp_path):
+    """bench/topology.py in its tiniest mode: every topology, the NOTIFY references, both prepared modes."""
+    from . import pgbouncer
+
+    if not pgbouncer.available():
+        pytest.skip("pgbouncer is not installed")
+    output = tmp_path / "topology.json"
+    run = subprocess.run(
+        [sys.executable, "bench/topology.py", "--smoke", "--output", str(output)],
+        cwd=ROOT,
+        env={**os.environ, "DATABASE_URL": bench_dsn},
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
+    assert run.returncode == 0, run.stdout[-3000:] + run.stderr[-3000:]
+    figures = json.loads(output.read_text())["figures"]
+    names = {"direct", "session", "transaction_listen", "transaction_polling", "django_pool"}
+    assert set(figures["latency"]) == names
+    for name, lat in figures["latency"].items():
+        assert lat["lost"] == 0 and lat["trouble_lines"] == 0, name
+        assert all(rep["received"] == rep["sent"] > 0 for rep in lat["reps"]), name
+        # a bare NOTIFY's round trip beside it, except where nothing can hear one
+        assert ("notify_p50_ms" in lat) is (name != "transaction_polling"), name
+    for section, expected in (("drain", names), ("prepared", {"transaction_listen", "transaction_listen_unprepared"})):
+        by = figures[section]["by_processes"]["1"]
+        assert set(by) == expected
+        for name, d in by.items():
+            assert d["duplicates"] == 0 and d["not_once"] == 0 and d["trouble_lines"] == 0, (section, name)
+            assert d["per_s"] > 0
+    for row in ("direct connections", "transaction pooling, no LISTEN_DATABASE", "PREPARED_STATEMENTS = False"):
+        assert row in run.stdout

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import collections
 import datetime as dt
+import json
 import subprocess
 import sys
 from collections.abc import Iterator
@@ -12,7 +13,7 @@ import pytest
 from django.db import connection
 from django.utils import timezone
 
-from django_outbox import outbox
+from django_outbox import outbox, overview
 from django_outbox.archive_models import ArchivedMessage
 from django_outbox.models import Attempt, Message
 
@@ -91,3 +92,31 @@ def test_housekeeping_under_short_timeouts(strict_role):
     assert result.returncode == 0, result.stdout + result.stderr
     assert ArchivedMessage.objects.count() == 5
     assert not Message.objects.filter(created_at__lt=timezone.now() - dt.timedelta(hours=2)).exists()
+
+
+HELD_BEHIND_ONE_KEY = 200_000
+
+
+def test_the_overview_stays_within_the_timeouts_with_200000_messages_behind_one_dead_key(strict_role):
+    """The lag used to walk every held message before the first claimable one: 2.3 s at this shape."""
+    with connection.cursor() as cursor:
+        cursor.execute(
+            "INSERT INTO django_outbox_message (uuid, topic, key, payload, headers, status, attempts, max_attempts,"
+            " available_at, created_at, last_error)"
+            " SELECT gen_random_uuid(), 'probe.stuck', 'stuck', '{}'::jsonb, '{}'::jsonb,"
+            " CASE WHEN i = 0 THEN 'dead' ELSE 'pending' END, 0, 5,"
+            " now() - interval '1 day' + make_interval(secs => i), now() - interval '1 day', ''"
+            " FROM generate_series(0, %s) AS i",
+            [HELD_BEHIND_ONE_KEY],
+        )
+        cursor.execute("ANALYZE django_outbox_message")
+    outbox.send("probe.dba", {"n": 1})  # claimable, behind all of them in the due index
+    command = [sys.executable, str(ROOT / "manage.py"), "outbox_status", "--json"]
+    result = subprocess.run(command, cwd=ROOT, env={**worker_env(), **strict_role}, capture_output=True, text=True)
+    assert "statement timeout" not in result.stderr, result.stderr
+    data = json.loads(result.stdout)
+    assert data["counts"]["pending"] > 10_000 and data["counts_exact"]["pending"] is False
+    assert data["held_by_key"] == overview.DUE_WINDOW + 1 and data["lag_exact"] is False, (
+        "bounded: a lower bound, an upper bound"
+    )
+    assert data["blocked_keys"][0]["key"] == "stuck" and data["blocked_keys"][0]["waiting_exact"] is False

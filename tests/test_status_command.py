@@ -154,3 +154,46 @@ def test_held_by_key_is_counted_within_a_bounded_window():
     behind = overview._behind_their_key(Message.objects.all())
     assert overview._held_by_key(due, behind) == overview.Tally(4, exact=True)
     assert overview._held_by_key(due, behind, cap=2) == overview.Tally(3, exact=False), "a lower bound past it"
+
+
+def test_the_walk_for_the_lag_stops_at_its_window_and_says_the_lag_is_then_a_bound():
+    """Messages held behind a dead key at the head of the due index cost at most ``cap + 1`` probes."""
+    now = timezone.now()
+    MessageFactory.create(key="stuck", status=Message.Status.DEAD, available_at=now - dt.timedelta(hours=2))
+    held = [
+        MessageFactory.create(key="stuck", available_at=now - dt.timedelta(minutes=60 - i)).available_at
+        for i in range(5)
+    ]
+    claimable = MessageFactory.create(available_at=now - dt.timedelta(minutes=10))
+    due = Message.objects.filter(status=Message.Status.PENDING, available_at__lte=now)
+    behind = overview._behind_their_key(Message.objects.all())
+    whole = overview._due_head(due, behind)
+    assert whole == overview.DueHead(
+        oldest=claimable.available_at, oldest_exact=True, held=overview.Tally(5, exact=True)
+    )
+    bounded = overview._due_head(due, behind, cap=3)  # the window holds only held messages
+    assert bounded == overview.DueHead(oldest=held[3], oldest_exact=False, held=overview.Tally(4, exact=False))
+    assert overview._due_head(due, behind, cap=5).oldest == claimable.available_at, "the window reaches it"
+
+
+def test_status_json_says_when_the_lag_is_a_bound(monkeypatch):
+    now = timezone.now()
+    MessageFactory.create(key="stuck", status=Message.Status.DEAD, available_at=now - dt.timedelta(hours=2))
+    for i in range(3):
+        MessageFactory.create(key="stuck", available_at=now - dt.timedelta(minutes=60 - i))
+    assert json.loads(status("--json"))["lag_exact"] is True
+    monkeypatch.setattr(overview, "DUE_WINDOW", 1)
+    data = json.loads(status("--json"))
+    assert data["lag_exact"] is False and 58 * 60 < data["lag_seconds"] < 60 * 60
+
+
+def test_waiting_behind_blocked_keys_is_counted_up_to_the_cap(monkeypatch):
+    ago = timezone.now() - dt.timedelta(minutes=5)
+    MessageFactory.create(key="stuck", status=Message.Status.DEAD, available_at=ago)
+    for _ in range(4):
+        MessageFactory.create(key="stuck", available_at=ago)
+    [blocked] = overview.blocked_keys()
+    assert (blocked.waiting, blocked.waiting_exact) == (4, True)
+    monkeypatch.setattr(overview, "EXACT_COUNT_CAP", 2)
+    [blocked] = overview.blocked_keys()
+    assert (blocked.waiting, blocked.waiting_exact) == (3, False), "a lower bound past the cap"
