@@ -67,12 +67,13 @@ def through(pooler: pgbouncer.PgBouncer) -> Any:
 
 
 def housekeeping_locks_held() -> int:
-    """Advisory locks of housekeeping held by any server session, seen past the pooler."""
+    """Advisory locks of housekeeping on this database held by any server session, seen past the pooler."""
     key = housekeeping.ADVISORY_LOCK_ID
     with connection.cursor() as cursor:
         cursor.execute(
             "SELECT count(*) FROM pg_locks WHERE locktype = 'advisory' AND granted"
-            " AND classid::bigint = %s AND objid::bigint = %s AND objsubid = 1",
+            " AND classid::bigint = %s AND objid::bigint = %s AND objsubid = 1"
+            " AND database = (SELECT oid FROM pg_database WHERE datname = current_database())",
             [key >> 32, key & 0xFFFFFFFF],
         )
         return int(cursor.fetchone()[0])
