@@ -150,13 +150,23 @@ def worker_env() -> dict[str, str]:
     return env
 
 
+def no_pooler_artefact_taken_for_an_outage(out: str) -> None:
+    """Through a pooler (``TEST_POOLER``), a worker must never take what the pooler does to prepared
+    statements for a database outage, nor give up recording outcomes because of it (a duplicate)."""
+    for line in out.splitlines():
+        if ("unavailable" in line or "could not record" in line) and "prepared statement" in line:
+            pytest.fail(f"a pooler artefact was treated as an outage: {line}\n{out[-3000:]}")
+
+
 class WorkerProcess:
     def __init__(self, *args: str, env: dict[str, str] | None = None) -> None:
         self.args = args
+        # Through a pooler the workers say what they take for outages, for the check above.
+        logging = {"OUTBOX_LOG_LEVEL": "WARNING"} if pooled.mode() else {}
         self.proc = subprocess.Popen(
             [sys.executable, str(ROOT / "manage.py"), "outbox_worker", *args],
             cwd=ROOT,
-            env={**worker_env(), **(env or {})},
+            env={**worker_env(), **logging, **(env or {})},
             stdout=subprocess.PIPE,
             stderr=subprocess.STDOUT,
             text=True,
@@ -172,19 +182,23 @@ class WorkerProcess:
     def kill(self) -> str:
         self.proc.send_signal(signal.SIGKILL)
         out, _ = self.proc.communicate(timeout=10)  # also closes the pipe
+        no_pooler_artefact_taken_for_an_outage(out)
         return out
 
     def wait(self, timeout: float = 60) -> tuple[int, str]:
         out, _ = self.proc.communicate(timeout=timeout)
+        no_pooler_artefact_taken_for_an_outage(out)
         return self.proc.returncode, out
 
     def stop(self) -> None:
         if self.proc.poll() is None:
             self.proc.send_signal(signal.SIGTERM)
             try:
-                self.proc.communicate(timeout=30)
+                out, _ = self.proc.communicate(timeout=30)
             except subprocess.TimeoutExpired:
                 self.kill()
+            else:
+                no_pooler_artefact_taken_for_an_outage(out)
 
 
 @pytest.fixture
