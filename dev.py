@@ -2,7 +2,9 @@
 """Developer entry point that needs nothing but Python 3.11+.
 
     python3 dev.py demo     # make .venv, migrate a SQLite demo database, place orders, relay them
-    python3 dev.py test     # ruff, mypy, then the test suite on SQLite and PostgreSQL (and Django 6.x)
+    python3 dev.py test     # ruff, mypy, then the test suite on SQLite and PostgreSQL (and Django 6.x),
+                            # and its core modules through PgBouncer in transaction and session pooling
+    python3 dev.py test --pooler transaction -- tests/test_inbox.py   # one module through the pooler
 
 It creates the virtual environments it needs (``.venv`` for Django 5.2 on this Python, ``.venv-django6``
 on Python 3.12+ when one is found) and reinstalls them when pyproject.toml changes.
