@@ -45,7 +45,7 @@ def bouncer() -> Iterator[pgbouncer.PgBouncer]:
 
 
 @pytest.fixture(autouse=True)
-def empty_archive(django_db_blocker) -> Iterator[None]:
+def empty_archive(postgres, django_db_blocker) -> Iterator[None]:
     yield
     with django_db_blocker.unblock(), connection.cursor() as cursor:
         for table in (housekeeping.ARCHIVED_ATTEMPT, housekeeping.ARCHIVED_MESSAGE):
