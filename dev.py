@@ -2,7 +2,9 @@
 """Developer entry point that needs nothing but Python 3.11+.
 
     python3 dev.py demo     # make .venv, migrate a SQLite demo database, place orders, relay them
-    python3 dev.py test     # ruff, mypy, then the test suite on SQLite and PostgreSQL (and Django 6.x)
+    python3 dev.py test     # ruff, mypy, then the test suite on SQLite and PostgreSQL (and Django 6.x),
+                            # and its core modules through PgBouncer in transaction and session pooling
+    python3 dev.py test --pooler transaction -- tests/test_inbox.py   # one module through the pooler
 
 It creates the virtual environments it needs (``.venv`` for Django 5.2 on this Python, ``.venv-django6``
 on Python 3.12+ when one is found) and reinstalls them when pyproject.toml changes.
@@ -32,6 +34,22 @@ NAIVE_TIME_TESTS = [
     "tests/test_status_command.py",
     "tests/test_ordering.py",
 ]
+#: Run once more through a private PgBouncer in each pool mode (Django 5.2, PostgreSQL): the core
+#: scenarios (send in the caller's transaction, workers exactly once, SIGKILL, retries, dead, the admin's
+#: actions, Idempotency-Key endpoints, the inbox, ordering, housekeeping) with the default settings.
+POOLER_TESTS = [
+    "tests/test_send.py",
+    "tests/test_send_idempotency.py",
+    "tests/test_worker_processes.py",
+    "tests/test_relay.py",
+    "tests/test_admin.py",
+    "tests/test_idempotency.py",
+    "tests/test_inbox.py",
+    "tests/test_ordering.py",
+    "tests/test_housekeeping.py",
+    "tests/test_wakeup.py",
+]
+PGBOUNCER = Path("/usr/sbin/pgbouncer")
 
 
 def run(*cmd: str | Path, env: dict[str, str] | None = None, check: bool = True) -> int:
@@ -113,6 +131,21 @@ def cmd_test(args: argparse.Namespace) -> None:
             sys.exit(f"PostgreSQL is not reachable at {pg_url}; under CI=true that is a failure.")
         print(f"! PostgreSQL not reachable at {pg_url}: running on SQLite only", flush=True)
     runs: list[tuple[str, Path, dict[str, str]]] = []
+    pooler_modes = ["transaction", "session"] if args.pooler == "both" else [args.pooler]
+    if (args.pooler != "none" and not pytest_args) or args.pooler not in ("both", "none"):
+        if not have_pg or args.database == "sqlite":
+            pooler_modes = []
+        elif not PGBOUNCER.exists():
+            if ci:
+                sys.exit(f"{PGBOUNCER} is missing (apt-get install pgbouncer); under CI=true that is a failure.")
+            print(f"! {PGBOUNCER} not found: skipping the runs through PgBouncer", flush=True)
+            pooler_modes = []
+    else:
+        pooler_modes = []
+    pooled = [(f"Django 5.2 / PostgreSQL through PgBouncer ({mode} pooling)", mode) for mode in pooler_modes]
+    if args.pooler not in ("both", "none"):  # only that cell, e.g. dev.py test --pooler session -- tests/x.py
+        pooled_only(python, pooled, pg_url, pytest_args)
+        return
     if args.database in ("all", "sqlite"):
         runs.append(("Django 5.2 / SQLite", python, {"DATABASE_URL": ""}))
     if args.database in ("all", "postgresql") and have_pg:
@@ -135,6 +168,10 @@ def cmd_test(args: argparse.Namespace) -> None:
         print(f"\n=== {label} ===", flush=True)
         if run(interpreter, "-m", "pytest", *pytest_args, env=env, check=False) != 0:
             failed.append(label)
+    for label, mode in pooled:
+        print(f"\n=== {label} ===", flush=True)
+        if run(python, "-m", "pytest", *POOLER_TESTS, env=pooler_env(pg_url, mode), check=False) != 0:
+            failed.append(label)
     for label, interpreter, env in [r for r in runs if r[0] in naive]:
         label = f"{label}, USE_TZ = False"
         print(f"\n=== {label} ===", flush=True)
@@ -143,9 +180,23 @@ def cmd_test(args: argparse.Namespace) -> None:
     if failed:
         sys.exit(f"test runs failed: {', '.join(failed)}")
     print(
-        f"\nall test runs passed: {', '.join(label for label, _, _ in runs)}"
+        f"\nall test runs passed: {', '.join([label for label, _, _ in runs] + [label for label, _ in pooled])}"
         + (", and USE_TZ = False" if naive else "")
     )
+
+
+def pooler_env(pg_url: str, mode: str) -> dict[str, str]:
+    """tests/settings.py starts the PgBouncer (tests/pooled.py) and points the test databases through it."""
+    return {"DATABASE_URL": pg_url, "TEST_POOLER": mode, "TEST_POOLER_DIRECT": ""}
+
+
+def pooled_only(python: Path, pooled: list[tuple[str, str]], pg_url: str, pytest_args: list[str]) -> None:
+    if not pooled:
+        sys.exit("no run through PgBouncer possible here (PostgreSQL or pgbouncer missing)")
+    label, mode = pooled[0]
+    print(f"\n=== {label} ===", flush=True)
+    if run(python, "-m", "pytest", *(pytest_args or POOLER_TESTS), env=pooler_env(pg_url, mode), check=False):
+        sys.exit(f"test run failed: {label}")
 
 
 def main() -> None:
@@ -158,6 +209,13 @@ def main() -> None:
     test.add_argument("--database", choices=["all", "sqlite", "postgresql"], default="all")
     test.add_argument("--no-django6", action="store_true", help="skip the Django 6.x runs")
     test.add_argument("--no-lint", action="store_true", help="skip ruff and mypy")
+    test.add_argument(
+        "--pooler",
+        choices=["both", "transaction", "session", "none"],
+        default="both",
+        help="the core modules through PgBouncer: both modes after a whole-suite run (default), one mode"
+        " only (with the pytest arguments given, or the core modules), or none",
+    )
     test.add_argument("pytest_args", nargs=argparse.REMAINDER, help="passed to pytest (after --)")
     test.set_defaults(func=cmd_test)
     args = parser.parse_args()

@@ -15,8 +15,12 @@ Whatever the mode, the archive forgets what is older than ``RETENTION``: an arch
 archive mode is emptied on schedule after a switch to delete mode. Worker rows (heartbeats) not seen for
 ``WORKER_ROWS_KEPT_FOR`` or ``RETENTION``, whichever is longer, are deleted too.
 
-Dead messages are never touched: they stay until an operator retries or cancels them. On PostgreSQL a
-session advisory lock lets one process at a time do the work; the others skip the round.
+Dead messages are never touched: they stay until an operator retries or cancels them. On PostgreSQL one
+process at a time does the work: every unit of work (a batch, a partition's DDL, the worker-row prune) is
+a transaction that first takes a *transaction-scoped* advisory lock; a process that finds it taken skips
+the round (or stops its own there). A session lock would not hold behind a pooler in transaction pooling
+(PgBouncer): taken on one server session and released on another, it stayed held for good, and a second
+client on the first session was granted it again.
 """
 
 from __future__ import annotations
@@ -33,9 +37,13 @@ from django.db.backends.base.base import BaseDatabaseWrapper
 from django.utils import timezone
 
 from .conf import get_settings
+from .store import (  # the archive's table names are part of this module's interface too
+    ARCHIVED_ATTEMPT as ARCHIVED_ATTEMPT,
+)
 from .store import (
-    ARCHIVED_ATTEMPT,
-    ARCHIVED_MESSAGE,
+    ARCHIVED_MESSAGE as ARCHIVED_MESSAGE,
+)
+from .store import (
     ATTEMPT,
     CANCELLED,
     DELIVERED,
@@ -65,6 +73,18 @@ _MESSAGE_COLUMNS = (
     " available_at, created_at, delivered_at, last_error"
 )
 _ATTEMPT_COLUMNS = "id, message_id, number, started_at, finished_at, worker, outcome, error"
+
+
+class _Busy(Exception):
+    """Another process holds the housekeeping lock: this round stops at the unit it was about to do."""
+
+
+def _take_turn(conn: BaseDatabaseWrapper, cursor: Any) -> None:
+    """Within a unit's transaction (PostgreSQL): this process's turn, held until that transaction ends."""
+    if _is_pg(conn):
+        cursor.execute("SELECT pg_try_advisory_xact_lock(%s)", [ADVISORY_LOCK_ID])
+        if not cursor.fetchone()[0]:
+            raise _Busy
 
 
 @dataclass(kw_only=True)
@@ -102,18 +122,19 @@ def run(
     conn = _connection(alias)
     now = _aware(now or timezone.now())
     deadline = None if time_budget is None else time.monotonic() + time_budget
-    if _is_pg(conn):
-        with conn.cursor() as cursor:
-            cursor.execute("SELECT pg_try_advisory_lock(%s)", [ADVISORY_LOCK_ID])
-            if not cursor.fetchone()[0]:
-                return Report(skipped=True)
-        try:
-            return _run(conn, now, batch_size, deadline)
-        finally:
-            with conn.cursor() as cursor:
-                cursor.execute("SELECT pg_advisory_unlock(%s)", [ADVISORY_LOCK_ID])
     # SQLite serialises writers: concurrent rounds take turns batch by batch, and each batch is atomic.
-    return _run(conn, now, batch_size, deadline)
+    report = Report()
+    try:
+        _run(conn, now, batch_size, deadline, report)
+    except _Busy:
+        # Busy at the first unit: another process does this round. Later: it has taken over (ours paused
+        # between two units), and goes on from where we stopped.
+        done = (report.archived, report.deleted, report.archive_deleted, report.partitions_created)
+        if any(done) or report.partitions_dropped or report.workers_pruned:
+            report.finished = False
+        else:
+            report.skipped = True
+    return report
 
 
 def _aware(value: dt.datetime) -> dt.datetime:
@@ -125,16 +146,15 @@ def _aware(value: dt.datetime) -> dt.datetime:
     return timezone.make_aware(value) if timezone.is_naive(value) else value
 
 
-def _run(conn: BaseDatabaseWrapper, now: dt.datetime, batch_size: int, deadline: float | None) -> Report:
+def _run(conn: BaseDatabaseWrapper, now: dt.datetime, batch_size: int, deadline: float | None, report: Report) -> None:
     conf = get_settings()
-    report = Report()
     retention_cutoff = now - conf.RETENTION
     if conf.RETENTION_MODE == "delete":
-        report.deleted, report.finished = _batches(conn, retention_cutoff, batch_size, deadline, archive=None)
+        report.finished = _batches(conn, retention_cutoff, batch_size, deadline, report, archive=None)
     else:
         if _is_pg(conn):
             report.partitions_created = ensure_partitions(conn, now)
-        report.archived, report.finished = _batches(conn, now - conf.ARCHIVE_AFTER, batch_size, deadline, archive=now)
+        report.finished = _batches(conn, now - conf.ARCHIVE_AFTER, batch_size, deadline, report, archive=now)
     # The archive is emptied in either mode: it may hold messages archived before a switch to "delete".
     if _is_pg(conn):
         keep_from = _first_kept_day(now)
@@ -142,11 +162,10 @@ def _run(conn: BaseDatabaseWrapper, now: dt.datetime, batch_size: int, deadline:
         # Days whose partitions are kept (see _first_kept_day) may still hold rows older than a short
         # RETENTION: those go row by row, in batches.
         if retention_cutoff > dt.datetime.combine(keep_from, dt.time(), tzinfo=dt.UTC):
-            report.archive_deleted = _prune_archive(conn, retention_cutoff, batch_size, deadline)
+            _prune_archive(conn, retention_cutoff, batch_size, deadline, report)
     else:
-        report.archive_deleted = _prune_archive(conn, retention_cutoff, batch_size, deadline)
+        _prune_archive(conn, retention_cutoff, batch_size, deadline, report)
     report.workers_pruned = _prune_workers(conn, now - max(conf.RETENTION, WORKER_ROWS_KEPT_FOR))
-    return report
 
 
 def _first_kept_day(now: dt.datetime) -> dt.date:
@@ -155,7 +174,8 @@ def _first_kept_day(now: dt.datetime) -> dt.date:
 
 
 def _prune_workers(conn: BaseDatabaseWrapper, cutoff: dt.datetime) -> int:
-    with conn.cursor() as cursor:
+    with transaction.atomic(using=conn.alias), conn.cursor() as cursor:
+        _take_turn(conn, cursor)
         cursor.execute(f"DELETE FROM {WORKER} WHERE last_seen < %s", [_prep_dt(conn, cutoff)])
         return int(cursor.rowcount)
 
@@ -165,22 +185,29 @@ def _batches(
     cutoff: dt.datetime,
     batch_size: int,
     deadline: float | None,
+    report: Report,
     *,
     archive: dt.datetime | None,
-) -> tuple[int, bool]:
-    """Move (``archive`` = the archiving time) or delete finished messages older than ``cutoff``."""
-    total = 0
+) -> bool:
+    """Move (``archive`` = the archiving time) or delete finished messages older than ``cutoff``.
+
+    Counted into ``report`` batch by batch, so that a round stopped half-way reports what it did.
+    Returns whether nothing is left.
+    """
     while True:
         done = (
             _batch_pg(conn, cutoff, batch_size, archive)
             if _is_pg(conn)
             else _batch_sqlite(conn, cutoff, batch_size, archive)
         )
-        total += done
+        if archive is None:
+            report.deleted += done
+        else:
+            report.archived += done
         if done < batch_size:
-            return total, True
+            return True
         if deadline is not None and time.monotonic() > deadline:
-            return total, False
+            return False
 
 
 def _finished_sql(limit_sql: str) -> str:
@@ -209,7 +236,8 @@ def _batch_pg(conn: BaseDatabaseWrapper, cutoff: dt.datetime, batch_size: int, a
         f" gone AS (DELETE FROM {MESSAGE} WHERE id IN (SELECT id FROM doomed) RETURNING *){copy}"
         f" SELECT count(*) FROM gone"
     )
-    with conn.cursor() as cursor:
+    with transaction.atomic(using=conn.alias), conn.cursor() as cursor:
+        _take_turn(conn, cursor)
         cursor.execute(sql, params)
         return int(cursor.fetchone()[0])
 
@@ -236,18 +264,20 @@ def _batch_sqlite(conn: BaseDatabaseWrapper, cutoff: dt.datetime, batch_size: in
         return int(cursor.rowcount)
 
 
-def _prune_archive(conn: BaseDatabaseWrapper, cutoff: dt.datetime, batch_size: int, deadline: float | None) -> int:
-    total = 0
+def _prune_archive(
+    conn: BaseDatabaseWrapper, cutoff: dt.datetime, batch_size: int, deadline: float | None, report: Report
+) -> None:
     when = _prep_dt(conn, cutoff)
     while True:
         with transaction.atomic(using=conn.alias), conn.cursor() as cursor:
+            _take_turn(conn, cursor)
             old = f"SELECT id FROM {ARCHIVED_MESSAGE} WHERE archived_at < %s ORDER BY archived_at LIMIT %s"
             cursor.execute(f"DELETE FROM {ARCHIVED_ATTEMPT} WHERE message_id IN ({old})", [when, batch_size])
             cursor.execute(f"DELETE FROM {ARCHIVED_MESSAGE} WHERE id IN ({old})", [when, batch_size])
             done = int(cursor.rowcount)
-        total += done
+        report.archive_deleted += done
         if done < batch_size or (deadline is not None and time.monotonic() > deadline):
-            return total
+            return
 
 
 # --- PostgreSQL partitions ---------------------------------------------------------------------
@@ -312,5 +342,6 @@ def partitions(conn: BaseDatabaseWrapper, table: str) -> dict[str, dt.date]:
 
 def _ddl(conn: BaseDatabaseWrapper, sql: str) -> None:
     with transaction.atomic(using=conn.alias), conn.cursor() as cursor:
+        _take_turn(conn, cursor)
         cursor.execute(f"SET LOCAL lock_timeout = '{DDL_LOCK_TIMEOUT}'")
         cursor.execute(sql)

@@ -17,6 +17,8 @@ from hypothesis import settings as hypothesis_settings
 
 from django_outbox.routing import registry
 
+from . import pooled
+
 ROOT = Path(__file__).resolve().parent.parent
 IN_CI = os.environ.get("CI") == "true"
 
@@ -32,18 +34,40 @@ hypothesis_settings.register_profile("thorough", max_examples=2000, deadline=Non
 hypothesis_settings.load_profile(os.environ.get("HYPOTHESIS_PROFILE") or ("ci" if IN_CI else "dev"))
 
 
+def pytest_report_header() -> str | None:
+    bouncer = pooled.bouncer()
+    if bouncer is None:
+        return None
+    return f"through PgBouncer ({bouncer.mode} pooling) on 127.0.0.1:{bouncer.port}, server at {pooled.direct()}"
+
+
 def is_postgres() -> bool:
     return connection.vendor == "postgresql"
 
 
-def connect_raw(**options: Any) -> Any:
-    """A psycopg connection of its own to the test database (PostgreSQL), beside Django's."""
+def connect_raw(*, direct: bool = False, **options: Any) -> Any:
+    """A psycopg connection of its own to the test database (PostgreSQL), beside Django's.
+
+    ``direct``: to the server itself even when the run goes through a pooler (``TEST_POOLER``), for a
+    helper that needs a session of its own, such as a test's ``LISTEN``.
+    """
     import psycopg
 
     params = connection.get_connection_params()
     params.pop("cursor_factory", None)  # Django's, for its own connections
     params.pop("context", None)
+    if direct and (server := pooled.direct()) is not None:
+        params["host"], params["port"] = server
     return psycopg.connect(**params, **options)
+
+
+#: For tests of a worker woken by NOTIFY with the default settings: through transaction pooling its
+#: LISTEN cannot hear by nature (the worker says so once and polls; tests/test_pgbouncer.py covers that,
+#: and OUTBOX["LISTEN_DATABASE"], which mends it).
+needs_session_listen = pytest.mark.skipif(
+    pooled.mode() == "transaction",
+    reason="a worker's LISTEN through transaction pooling hears nothing (see tests/test_pgbouncer.py)",
+)
 
 
 def require_service(name: str, host: str, port: int) -> None:
@@ -67,6 +91,27 @@ def _json_support_known(django_db_setup, django_db_blocker) -> None:
     with django_db_blocker.unblock():
         for alias in connections:
             connections[alias].features.supports_json_field  # noqa: B018
+
+
+@pytest.fixture(scope="session", autouse=True)
+def _pooler_lets_go(django_db_setup, django_db_blocker) -> Iterator[None]:
+    """Under ``TEST_POOLER``, the pooler keeps server connections to the test databases after the run:
+    close them before pytest-django drops those databases (set up after it, so torn down before)."""
+    yield
+    if pooled.bouncer() is None:
+        return
+    from django.db import connections
+
+    with django_db_blocker.unblock():
+        names = {connections[alias].settings_dict["NAME"] for alias in connections if is_postgres_alias(alias)}
+    for name in names:
+        pooled.release(name)
+
+
+def is_postgres_alias(alias: str) -> bool:
+    from django.db import connections
+
+    return connections[alias].vendor == "postgresql"
 
 
 @pytest.fixture
@@ -114,13 +159,23 @@ def send_in_process(topic: str, env: dict[str, str]) -> float:
     return time.monotonic()
 
 
+def no_pooler_artefact_taken_for_an_outage(out: str) -> None:
+    """Through a pooler (``TEST_POOLER``), a worker must never take what the pooler does to prepared
+    statements for a database outage, nor give up recording outcomes because of it (a duplicate)."""
+    for line in out.splitlines():
+        if ("unavailable" in line or "could not record" in line) and "prepared statement" in line:
+            pytest.fail(f"a pooler artefact was treated as an outage: {line}\n{out[-3000:]}")
+
+
 class WorkerProcess:
     def __init__(self, *args: str, env: dict[str, str] | None = None) -> None:
         self.args = args
+        # Through a pooler the workers say what they take for outages, for the check above.
+        logging = {"OUTBOX_LOG_LEVEL": "WARNING"} if pooled.mode() else {}
         self.proc = subprocess.Popen(
             [sys.executable, str(ROOT / "manage.py"), "outbox_worker", *args],
             cwd=ROOT,
-            env={**worker_env(), **(env or {})},
+            env={**worker_env(), **logging, **(env or {})},
             stdout=subprocess.PIPE,
             stderr=subprocess.STDOUT,
             text=True,
@@ -136,19 +191,23 @@ class WorkerProcess:
     def kill(self) -> str:
         self.proc.send_signal(signal.SIGKILL)
         out, _ = self.proc.communicate(timeout=10)  # also closes the pipe
+        no_pooler_artefact_taken_for_an_outage(out)
         return out
 
     def wait(self, timeout: float = 60) -> tuple[int, str]:
         out, _ = self.proc.communicate(timeout=timeout)
+        no_pooler_artefact_taken_for_an_outage(out)
         return self.proc.returncode, out
 
     def stop(self) -> None:
         if self.proc.poll() is None:
             self.proc.send_signal(signal.SIGTERM)
             try:
-                self.proc.communicate(timeout=30)
+                out, _ = self.proc.communicate(timeout=30)
             except subprocess.TimeoutExpired:
                 self.kill()
+            else:
+                no_pooler_artefact_taken_for_an_outage(out)
 
 
 @pytest.fixture

@@ -39,6 +39,11 @@ if os.environ.get("TEST_DB_SETTINGS"):
     DATABASES["default"].setdefault("OPTIONS", {}).update(_extra.pop("OPTIONS", {}))  # noqa: F405
     DATABASES["default"].update(_extra)  # noqa: F405
 
+# TEST_POOLER=transaction|session: the run reaches PostgreSQL through a private PgBouncer (tests/pooled.py).
+from tests import pooled  # noqa: E402
+
+pooled.route(DATABASES)  # noqa: F405
+
 # Worker processes behind a pooler may LISTEN on a direct alias (OUTBOX["LISTEN_DATABASE"]).
 if os.environ.get("LISTEN_DATABASE_URL"):
     DATABASES["listen"] = env.db_url_config(os.environ["LISTEN_DATABASE_URL"])  # noqa: F405

@@ -7,7 +7,7 @@ import threading
 
 import pytest
 from django.core.management import call_command
-from django.db import connection, connections
+from django.db import connection, connections, transaction
 from django.test import override_settings
 from django.test.utils import CaptureQueriesContext
 from django.urls import reverse
@@ -133,11 +133,11 @@ def test_only_one_process_at_a_time_does_housekeeping_on_postgresql(postgres):
 
     def hold_lock() -> None:
         try:
-            with connections["default"].cursor() as cursor:
-                cursor.execute("SELECT pg_advisory_lock(%s)", [housekeeping.ADVISORY_LOCK_ID])
+            # Held as another housekeeper holds it, for one transaction: that also holds behind a pooler.
+            with transaction.atomic(), connections["default"].cursor() as cursor:
+                cursor.execute("SELECT pg_advisory_xact_lock(%s)", [housekeeping.ADVISORY_LOCK_ID])
                 held.set()
                 release.wait(10)
-                cursor.execute("SELECT pg_advisory_unlock(%s)", [housekeeping.ADVISORY_LOCK_ID])
         finally:
             connections.close_all()
 

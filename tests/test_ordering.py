@@ -17,7 +17,7 @@ from django_outbox.models import Message
 from django_outbox.testing import relay_all
 from testproject.shop.models import Order
 
-from .conftest import wait_for
+from .conftest import needs_session_listen, wait_for
 
 pytestmark = pytest.mark.django_db(transaction=True)
 
@@ -237,6 +237,7 @@ def test_send_takes_the_transaction_id_before_the_row_id(postgres, log):
 # --- scheduling --------------------------------------------------------------------------------
 
 
+@needs_session_listen
 def test_a_sleeping_worker_wakes_for_the_next_due_message_not_the_poll(worker_process):
     due_in = 1.5
     message = outbox.send("probe.scheduled", {"n": 1}, delay=due_in)

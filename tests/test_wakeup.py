@@ -14,7 +14,7 @@ from django_outbox import outbox, store
 from django_outbox.models import Message
 from django_outbox.relay import Relay, RelayConfig
 
-from .conftest import connect_raw, wait_for
+from .conftest import connect_raw, needs_session_listen, wait_for
 
 pytestmark = [pytest.mark.django_db(transaction=True), pytest.mark.usefixtures("postgres")]
 
@@ -22,7 +22,7 @@ pytestmark = [pytest.mark.django_db(transaction=True), pytest.mark.usefixtures("
 @pytest.fixture
 def listen():
     """A separate connection LISTENing on the outbox channel; returns a function that drains notifications."""
-    conn = connect_raw(autocommit=True)
+    conn = connect_raw(direct=True, autocommit=True)  # a LISTEN needs a session of its own
     conn.execute("LISTEN django_outbox")
 
     def received(wait: float = 0.5) -> int:
@@ -100,6 +100,7 @@ def _start_idle_worker(poll_interval: float, **overrides: object) -> tuple[Relay
     return relay, thread
 
 
+@needs_session_listen
 def test_idle_worker_wakes_on_commit_not_on_poll(handler):
     delivered = threading.Event()
     handler("t.wake", lambda m: delivered.set())
@@ -114,6 +115,7 @@ def test_idle_worker_wakes_on_commit_not_on_poll(handler):
         thread.join(20)
 
 
+@needs_session_listen
 def test_listening_worker_goes_idle_after_a_short_batch_without_an_empty_claim(handler, monkeypatch):
     delivered = threading.Event()
     handler("t.wake", lambda m: delivered.set())
@@ -134,6 +136,7 @@ def test_listening_worker_goes_idle_after_a_short_batch_without_an_empty_claim(h
         thread.join(20)
 
 
+@needs_session_listen
 def test_one_notify_wakes_one_thread_and_its_full_batch_wakes_the_other(handler):
     threads: set[str] = set()
 
@@ -156,6 +159,7 @@ def test_one_notify_wakes_one_thread_and_its_full_batch_wakes_the_other(handler)
         thread.join(20)
 
 
+@needs_session_listen
 def test_idle_worker_claims_a_fenced_keyed_message_soon_after_the_older_transaction_ends(handler):
     """A keyed message that waits only for the commit-order fence becomes claimable when older
     transactions end, which nothing announces: the idle worker looks again shortly, not at its poll."""
@@ -177,6 +181,7 @@ def test_idle_worker_claims_a_fenced_keyed_message_soon_after_the_older_transact
         thread.join(20)
 
 
+@needs_session_listen
 def test_listening_worker_claims_again_at_once_after_a_keyed_batch(handler):
     """Recording the head of a key makes its next message claimable, and no NOTIFY says so."""
     seen: list[int] = []
@@ -194,6 +199,7 @@ def test_listening_worker_claims_again_at_once_after_a_keyed_batch(handler):
         thread.join(20)
 
 
+@needs_session_listen
 def test_listener_reconnects_after_its_connection_is_killed(handler):
     delivered = threading.Event()
     handler("t.wake", lambda m: delivered.set())
@@ -227,6 +233,7 @@ def test_a_cancel_notifies_so_the_key_it_unblocks_moves_on_at_once(listen):
     assert listen() == 0
 
 
+@needs_session_listen
 def test_a_worker_of_another_topic_delivers_the_message_a_cancel_unblocked_without_polling(handler):
     delivered = threading.Event()
     handler("t.first", lambda m: None)
