@@ -30,7 +30,7 @@ from tests.probe.models import Delivery
 
 from .conftest import ROOT, WorkerProcess, wait_for, worker_env
 
-pytestmark = pytest.mark.django_db(transaction=True)
+pytestmark = [pytest.mark.django_db(transaction=True), pytest.mark.slow]
 
 LIBFAKETIME = Path("/usr/lib/x86_64-linux-gnu/faketime/libfaketimeMT.so.1")
 SHIM = Path(__file__).resolve().parent / "faketime_shim"

@@ -16,7 +16,7 @@ from django_outbox.models import Message
 from .conftest import WorkerProcess, send_in_process, wait_for
 from .probe.models import Delivery
 
-pytestmark = [pytest.mark.django_db(transaction=True), pytest.mark.usefixtures("postgres")]
+pytestmark = [pytest.mark.django_db(transaction=True), pytest.mark.usefixtures("postgres"), pytest.mark.slow]
 
 SETTINGS = {
     "django-pool": {"OPTIONS": {"pool": {"min_size": 1, "max_size": 4, "timeout": 10}}},

@@ -21,7 +21,7 @@ from .conftest import ROOT, WorkerProcess, worker_env
 from .probe.models import Delivery
 from .test_housekeeping import empty_archive, finished  # noqa: F401  (the fixture empties the archive)
 
-pytestmark = [pytest.mark.django_db(transaction=True), pytest.mark.usefixtures("postgres")]
+pytestmark = [pytest.mark.django_db(transaction=True), pytest.mark.usefixtures("postgres"), pytest.mark.slow]
 
 ROLE = "outbox_dba_timeouts"
 TIMEOUTS = {"statement_timeout": "200ms", "lock_timeout": "200ms", "idle_in_transaction_session_timeout": "200ms"}

@@ -19,7 +19,7 @@ from . import pgbouncer
 from .conftest import IN_CI, ROOT, WorkerProcess, send_in_process, wait_for, worker_env
 from .probe.models import Delivery
 
-pytestmark = [pytest.mark.django_db(transaction=True), pytest.mark.usefixtures("postgres")]
+pytestmark = [pytest.mark.django_db(transaction=True), pytest.mark.usefixtures("postgres"), pytest.mark.slow]
 
 
 @pytest.fixture(params=["transaction", "session"])

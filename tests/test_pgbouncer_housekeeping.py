@@ -23,7 +23,7 @@ from . import pgbouncer, pooled
 from .conftest import IN_CI
 from .factories import AttemptFactory, MessageFactory
 
-pytestmark = [pytest.mark.django_db(transaction=True), pytest.mark.usefixtures("postgres")]
+pytestmark = [pytest.mark.django_db(transaction=True), pytest.mark.usefixtures("postgres"), pytest.mark.slow]
 ALIAS = "through_pooler"
 
 

@@ -15,7 +15,7 @@ from tests.probe.models import Delivery
 
 from .conftest import wait_for
 
-pytestmark = pytest.mark.django_db(transaction=True)
+pytestmark = [pytest.mark.django_db(transaction=True), pytest.mark.slow]
 
 
 def send_many(n: int, topic: str = "probe.bulk", **payload) -> None:
