@@ -27,6 +27,17 @@ def available() -> bool:
     return Path(BINARY).exists()
 
 
+def require() -> None:
+    """Skip a test that needs PgBouncer where it is missing on a laptop; under ``CI=true``, fail it."""
+    import pytest
+
+    if available():
+        return
+    if os.environ.get("CI") == "true":
+        pytest.fail("pgbouncer is not installed (apt-get install pgbouncer); under CI=true that is a failure")
+    pytest.skip("pgbouncer is not installed")
+
+
 class PgBouncer:
     def __init__(self, mode: str, *, server_host: str = "127.0.0.1", server_port: int = 5432, pool_size: int = 20):
         if mode not in ("transaction", "session"):

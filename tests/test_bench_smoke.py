@@ -82,8 +82,7 @@ def test_topology_smoke_run_measures_every_topology(bench_dsn, tmp_path):
     """bench/topology.py in its tiniest mode: every topology, the NOTIFY references, both prepared modes."""
     from . import pgbouncer
 
-    if not pgbouncer.available():
-        pytest.skip("pgbouncer is not installed")
+    pgbouncer.require()
     output = tmp_path / "topology.json"
     run = subprocess.run(
         [sys.executable, "bench/topology.py", "--smoke", "--output", str(output)],

@@ -20,7 +20,7 @@ from django.db import connection
 
 from bench.chaos import audit_effects
 
-from .conftest import IN_CI, ROOT
+from .conftest import ROOT
 
 SMALLEST = ("--messages", "100", "--duration", "3", "--producers", "1", "--workers", "2", "--timeout", "240")
 
@@ -105,10 +105,7 @@ def test_smallest_chaos_run_through_a_restarted_and_paused_pooler(tmp_path: Path
 
     if connection.vendor != "postgresql":
         pytest.skip("the pooler stands in front of the private PostgreSQL cluster")
-    if not pgbouncer.available():
-        if IN_CI:
-            pytest.fail("pgbouncer is not installed (apt-get install pgbouncer); under CI=true that is a failure")
-        pytest.skip("pgbouncer is not installed")
+    pgbouncer.require()
     run, figures = run_chaos(tmp_path, "--pooler", mode)
     assert run.returncode == 0, run.stdout[-4000:] + run.stderr[-4000:]
     assert figures["pooler"] == f"PgBouncer, {mode} pooling"

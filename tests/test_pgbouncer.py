@@ -16,7 +16,7 @@ from django_outbox import outbox, wakeup
 from django_outbox.models import Message, Worker
 
 from . import pgbouncer
-from .conftest import IN_CI, ROOT, WorkerProcess, send_in_process, wait_for, worker_env
+from .conftest import ROOT, WorkerProcess, send_in_process, wait_for, worker_env
 from .probe.models import Delivery
 
 pytestmark = [pytest.mark.django_db(transaction=True), pytest.mark.usefixtures("postgres"), pytest.mark.slow]
@@ -24,10 +24,7 @@ pytestmark = [pytest.mark.django_db(transaction=True), pytest.mark.usefixtures("
 
 @pytest.fixture(params=["transaction", "session"])
 def bouncer(request) -> Iterator[pgbouncer.PgBouncer]:
-    if not pgbouncer.available():
-        if IN_CI:
-            pytest.fail("pgbouncer is not installed (apt-get install pgbouncer); under CI=true that is a failure")
-        pytest.skip("pgbouncer is not installed")
+    pgbouncer.require()
     # Fewer server connections than clients in transaction pooling, as in production: clients share them.
     pooler = pgbouncer.PgBouncer(request.param, pool_size=3 if request.param == "transaction" else 30)
     yield pooler

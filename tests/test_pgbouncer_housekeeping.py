@@ -20,7 +20,6 @@ from django_outbox import housekeeping
 from django_outbox.models import Message
 
 from . import pgbouncer, pooled
-from .conftest import IN_CI
 from .factories import AttemptFactory, MessageFactory
 
 pytestmark = [pytest.mark.django_db(transaction=True), pytest.mark.usefixtures("postgres"), pytest.mark.slow]
@@ -29,10 +28,7 @@ ALIAS = "through_pooler"
 
 @pytest.fixture
 def bouncer() -> Iterator[pgbouncer.PgBouncer]:
-    if not pgbouncer.available():
-        if IN_CI:
-            pytest.fail("pgbouncer is not installed (apt-get install pgbouncer); under CI=true that is a failure")
-        pytest.skip("pgbouncer is not installed")
+    pgbouncer.require()
     host, port = pooled.direct() or (connection.settings_dict["HOST"] or "127.0.0.1", connection.settings_dict["PORT"])
     pooler = pgbouncer.PgBouncer("transaction", server_host=host, server_port=int(port or 5432), pool_size=2)
     try:

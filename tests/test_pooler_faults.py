@@ -23,7 +23,7 @@ from django_outbox import outbox
 from django_outbox.models import Attempt, Message, Worker
 
 from . import pgbouncer
-from .conftest import IN_CI, WorkerProcess, wait_for
+from .conftest import WorkerProcess, wait_for
 from .probe.models import Delivery
 
 pytestmark = [pytest.mark.django_db(transaction=True), pytest.mark.usefixtures("postgres"), pytest.mark.slow]
@@ -31,10 +31,7 @@ pytestmark = [pytest.mark.django_db(transaction=True), pytest.mark.usefixtures("
 
 @pytest.fixture(params=["transaction", "session"])
 def bouncer(request) -> Iterator[pgbouncer.PgBouncer]:
-    if not pgbouncer.available():
-        if IN_CI:
-            pytest.fail("pgbouncer is not installed (apt-get install pgbouncer); under CI=true that is a failure")
-        pytest.skip("pgbouncer is not installed")
+    pgbouncer.require()
     pooler = pgbouncer.PgBouncer(request.param, pool_size=4 if request.param == "transaction" else 30)
     yield pooler
     pooler.stop()
