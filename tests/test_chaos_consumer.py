@@ -20,7 +20,7 @@ from django.db import connection
 
 from bench.chaos import audit_effects
 
-from .conftest import ROOT
+from .conftest import IN_CI, ROOT
 
 SMALLEST = ("--messages", "100", "--duration", "3", "--producers", "1", "--workers", "2", "--timeout", "240")
 
@@ -61,7 +61,10 @@ def test_smallest_chaos_run_applies_every_effect_exactly_once(tmp_path: Path) ->
     """On the suite's database: SQLite, or a private PostgreSQL cluster (restarted mid-run)."""
     database = "postgresql" if connection.vendor == "postgresql" else "sqlite"
     if database == "postgresql" and not (glob.glob("/usr/lib/postgresql/*/bin/pg_ctl") or shutil.which("pg_ctl")):
-        pytest.skip("bench/chaos.py needs PostgreSQL's server binaries for its private cluster")
+        missing = "bench/chaos.py needs PostgreSQL's server binaries for its private cluster"
+        if IN_CI:
+            pytest.fail(f"{missing}; under CI=true this is a failure")
+        pytest.skip(missing)
     run, figures = run_chaos(tmp_path, "--database", database)
     assert run.returncode == 0, run.stdout[-4000:] + run.stderr[-4000:]
     assert figures["database"] == database
