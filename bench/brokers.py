@@ -152,8 +152,8 @@ def relay_once(target: str, count: int) -> float:
     from django.test import override_settings
 
     from django_outbox.models import Message
-    from django_outbox.relay import Relay, RelayConfig
     from django_outbox.routing import registry
+    from django_outbox.worker import Relay, RelayConfig
 
     topic = f"bench.{target}"
     outbox: dict[str, Any] = {"MAX_ATTEMPTS": 5, "NOTIFY": False}

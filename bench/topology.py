@@ -62,7 +62,7 @@ SECTIONS = ("latency", "drain", "prepared")
 DEFAULT_POLL_INTERVAL = 5.0
 #: Log lines of a worker that would mean a pooler artefact treated as an outage or a lost outcome.
 TROUBLE = ("unavailable", "could not record")
-#: How long the listener's probe takes to call a deaf connection deaf (wakeup.PROBE_TIMEOUT) and a margin.
+#: How long the listener's probe takes to call a deaf connection deaf (worker.listener.PROBE_TIMEOUT) and a margin.
 SETTLE_SECONDS = 2.5
 DJANGO_POOL = {"pool": {"min_size": 1, "max_size": 4, "timeout": 10}}
 

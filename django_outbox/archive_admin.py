@@ -15,8 +15,8 @@ from django.utils.safestring import SafeString
 from django.utils.translation import gettext_lazy as _
 
 from .admin import ContentProtectedAdmin, disclosure, error_block, exact_match, pretty_json, status_badge
-from .archive_models import ArchivedAttempt, ArchivedMessage
 from .counting import EstimatingPaginator
+from .retention.models import ArchivedAttempt, ArchivedMessage
 
 
 class ReadOnly:

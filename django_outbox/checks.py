@@ -108,7 +108,8 @@ def check_listen(
         return []
     import psycopg
 
-    from .wakeup import _raw_params, hears_itself, listen_alias
+    from .worker.listener import hears_itself, listen_alias
+    from .worker.listener import raw_params as _raw_params
 
     target = listen_alias(alias)
     try:

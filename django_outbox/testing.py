@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
-from .relay import Relay, RelayConfig, Stats
+from .worker import Relay, RelayConfig, Stats
 
 
 def relay_all(*, database: str | None = None, topics: Sequence[str] = (), batch_size: int = 100) -> Stats:

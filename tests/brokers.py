@@ -15,7 +15,7 @@ from django.test import override_settings
 
 from django_outbox import outbox
 from django_outbox.models import Attempt, Message
-from django_outbox.relay import Relay, RelayConfig
+from django_outbox.worker import Relay, RelayConfig
 
 from .conftest import wait_for
 from .proxy import FlakyProxy as FlakyProxy  # re-exported: the broker tests import it from here

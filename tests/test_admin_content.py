@@ -24,12 +24,13 @@ from django.test import Client, override_settings
 from django.urls import reverse
 from django.utils import timezone
 
-from django_outbox import housekeeping, outbox
-from django_outbox.archive_models import ArchivedMessage
+from django_outbox import outbox
 from django_outbox.conf import EMAIL_TOPIC, _parse
 from django_outbox.mail.models import OutboxEmail
 from django_outbox.models import Attempt, Message
 from django_outbox.redaction import AUDIT_LOGGER, CONTENT_PERMISSION, PASSWORD_RESET
+from django_outbox.retention import housekeeping
+from django_outbox.retention.models import ArchivedMessage
 
 from .factories import AttemptFactory, MessageFactory
 from .test_housekeeping import empty_archive  # noqa: F401  (fixture)

@@ -20,11 +20,11 @@ from django.contrib.auth.models import Permission, User
 from django.contrib.auth.tokens import default_token_generator
 from django.utils import timezone
 
-from django_outbox import housekeeping
-from django_outbox.archive_models import ArchivedMessage
 from django_outbox.conf import EMAIL_TOPIC
 from django_outbox.mail.models import OutboxEmail
 from django_outbox.models import Message
+from django_outbox.retention import housekeeping
+from django_outbox.retention.models import ArchivedMessage
 
 from .browser import Browser
 from .test_admin_browser import browser  # noqa: F401  (fixture)

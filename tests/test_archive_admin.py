@@ -8,8 +8,9 @@ import pytest
 from django.test import override_settings
 from django.urls import reverse
 
-from django_outbox import housekeeping, overview
-from django_outbox.archive_models import ArchivedMessage
+from django_outbox import overview
+from django_outbox.retention import housekeeping
+from django_outbox.retention.models import ArchivedMessage
 
 from .factories import MessageFactory
 from .test_housekeeping import empty_archive, finished  # noqa: F401  (fixture)

@@ -20,8 +20,8 @@ from django.test import override_settings
 
 from django_outbox import PermanentDeliveryError, outbox
 from django_outbox.models import Attempt, Message
-from django_outbox.relay import Relay, RelayConfig
 from django_outbox.testing import relay_all
+from django_outbox.worker import Relay, RelayConfig
 from testproject.shop.models import Order
 from tests.probe.models import Delivery
 

@@ -20,8 +20,8 @@ from django.test import override_settings
 from django_outbox import outbox
 from django_outbox.conf import get_settings
 from django_outbox.models import Message
-from django_outbox.relay import RelayConfig, backoff_seconds
 from django_outbox.transports.base import BaseTransport
+from django_outbox.worker import RelayConfig, backoff_seconds
 from tests.conftest import connect_raw
 
 NAN = float("nan")

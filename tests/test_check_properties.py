@@ -25,9 +25,9 @@ from hypothesis import strategies as st
 from django_outbox import outbox
 from django_outbox.conf import OutboxSettings, get_settings
 from django_outbox.models import Message
-from django_outbox.relay import Relay, RelayConfig, backoff_seconds
 from django_outbox.transports.broker import BrokerTransport
 from django_outbox.transports.registry import transport_class
+from django_outbox.worker import Relay, RelayConfig, backoff_seconds
 
 SECRET = "whsec_" + "A" * 32
 WEBHOOK = "django_outbox.transports.webhook.WebhookTransport"

@@ -7,6 +7,7 @@ from django.db import connection
 from psycopg import pq
 
 from django_outbox import store
+from django_outbox.store import claiming
 
 pytestmark = pytest.mark.django_db(transaction=True)
 
@@ -60,7 +61,7 @@ def test_a_burst_into_a_table_without_statistics_is_still_claimed_by_walking_the
     assert "Sort" in unguarded, "the scenario no longer misleads the planner:\n" + unguarded
     sql, params = store.claim_sql(connection, worker="w", limit=100, lease_seconds=60)
     with connection.cursor() as cursor:
-        with store._walking_plan(connection):  # as the claim runs, in one pipeline
+        with claiming.walking_plan(connection):  # as the claim runs, in one pipeline
             cursor.execute("EXPLAIN " + sql, params)
         plan = "\n".join(row[0] for row in cursor.fetchall())
     assert "Sort" not in plan and "Bitmap" not in plan and "Seq Scan" not in plan, plan

@@ -12,7 +12,7 @@ from django.test import override_settings
 from django_outbox import outbox
 from django_outbox.conf import get_settings
 from django_outbox.models import Message
-from django_outbox.relay import Relay, RelayConfig
+from django_outbox.worker import Relay, RelayConfig
 
 from .conftest import is_postgres
 

@@ -15,8 +15,8 @@ from django.db import connection
 from django.utils import timezone
 
 from django_outbox import outbox, overview
-from django_outbox.archive_models import ArchivedMessage
 from django_outbox.models import Attempt, Message
+from django_outbox.retention.models import ArchivedMessage
 
 from .conftest import ROOT, WorkerProcess, worker_env
 from .probe.models import Delivery

@@ -6,7 +6,7 @@ import threading
 import time
 from collections.abc import Callable
 
-from django_outbox.doorbell import Doorbell
+from django_outbox.worker.doorbell import Doorbell
 
 
 def _wait_in_threads(bell: Doorbell, count: int, timeout: float, then: Callable[[], None]) -> list[tuple[bool, float]]:

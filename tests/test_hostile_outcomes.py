@@ -24,8 +24,8 @@ from hypothesis import strategies as st
 
 from django_outbox import TransientDeliveryError, conf, outbox, store
 from django_outbox.models import Attempt, Message
-from django_outbox.relay import MAX_DELAY_SECONDS, Relay, RelayConfig, backoff_seconds
 from django_outbox.transports.base import BatchTransport
+from django_outbox.worker import MAX_DELAY_SECONDS, Relay, RelayConfig, backoff_seconds
 from tests.probe.models import Delivery
 
 from .conftest import wait_for

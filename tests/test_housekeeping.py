@@ -13,9 +13,9 @@ from django.test.utils import CaptureQueriesContext
 from django.urls import reverse
 from django.utils import timezone
 
-from django_outbox import housekeeping
-from django_outbox.archive_models import ArchivedAttempt, ArchivedMessage
 from django_outbox.models import Attempt, Message
+from django_outbox.retention import housekeeping
+from django_outbox.retention.models import ArchivedAttempt, ArchivedMessage
 
 from .conftest import wait_for
 from .factories import AttemptFactory, MessageFactory
@@ -226,7 +226,7 @@ def test_a_failing_housekeeping_round_is_reported_and_the_next_one_runs(monkeypa
     from django.core.management import CommandError
 
     from django_outbox.models import Worker
-    from django_outbox.relay import Relay, RelayConfig
+    from django_outbox.worker import Relay, RelayConfig
 
     real_run = housekeeping.run
     broken = threading.Event()

@@ -22,7 +22,7 @@ from django_outbox.mail.links import view_url
 from django_outbox.mail.models import OutboxEmail
 from django_outbox.mail.payload import header
 from django_outbox.models import Message
-from django_outbox.relay import Relay, RelayConfig
+from django_outbox.worker import Relay, RelayConfig
 
 from .servers import SMTPServer, free_port
 

@@ -21,7 +21,7 @@ from django_outbox.conf import EMAIL_TOPIC
 from django_outbox.exceptions import OutboxImproperlyConfigured
 from django_outbox.mail.transport import EmailTransport
 from django_outbox.models import Attempt, Message
-from django_outbox.relay import Relay, RelayConfig
+from django_outbox.worker import Relay, RelayConfig
 
 from .servers import SlowServer, SMTPServer
 

@@ -12,8 +12,9 @@ from collections.abc import Iterator
 import pytest
 from django.db import connection
 
-from django_outbox import outbox, wakeup
+from django_outbox import outbox
 from django_outbox.models import Message, Worker
+from django_outbox.worker.listener import PROBE_TIMEOUT
 
 from . import pgbouncer
 from .conftest import ROOT, WorkerProcess, send_in_process, wait_for, worker_env
@@ -115,7 +116,7 @@ def test_a_deaf_listener_says_so_once_and_the_worker_still_delivers_by_polling(b
     try:
         outbox.send("probe.polled", {})
         wait_for(lambda: Delivery.objects.filter(topic="probe.polled").exists(), timeout=20)
-        time.sleep(wakeup.PROBE_TIMEOUT + 1)  # the listener's probe has given up by now
+        time.sleep(PROBE_TIMEOUT + 1)  # the listener's probe has given up by now
     finally:
         worker.send_signal(signal.SIGTERM)
     _code, out = worker.wait()

@@ -16,8 +16,8 @@ import pytest
 from django.db import connection, connections
 from django.utils import timezone
 
-from django_outbox import housekeeping
 from django_outbox.models import Message
+from django_outbox.retention import housekeeping
 
 from . import pgbouncer, pooled
 from .factories import AttemptFactory, MessageFactory

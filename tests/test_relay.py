@@ -13,8 +13,8 @@ from django.utils import timezone
 
 from django_outbox import PermanentDeliveryError, outbox, signals, store
 from django_outbox.models import Attempt, Message
-from django_outbox.relay import Relay, RelayConfig, backoff_seconds
 from django_outbox.testing import relay_all
+from django_outbox.worker import Relay, RelayConfig, backoff_seconds
 
 from .conftest import connect_raw, wait_for
 from .factories import MessageFactory

@@ -8,8 +8,8 @@ import pytest
 from django.db import connection, connections
 
 from django_outbox import outbox
-from django_outbox.relay import Relay, RelayConfig
 from django_outbox.store import refresh_connections
+from django_outbox.worker import Relay, RelayConfig
 
 pytestmark = pytest.mark.django_db(transaction=True)
 

@@ -12,7 +12,7 @@ from django.test.utils import CaptureQueriesContext
 
 from django_outbox import outbox, store
 from django_outbox.models import Message
-from django_outbox.relay import Relay, RelayConfig
+from django_outbox.worker import Relay, RelayConfig
 
 from .conftest import connect_raw, direct_only, needs_session_listen, wait_for
 

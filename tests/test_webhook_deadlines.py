@@ -15,7 +15,7 @@ import pytest
 
 from django_outbox import outbox
 from django_outbox.models import Attempt, Message
-from django_outbox.relay import Relay, RelayConfig
+from django_outbox.worker import Relay, RelayConfig
 
 from .servers import HTTPServer, Reply, SlowServer
 

@@ -14,8 +14,8 @@ from hypothesis import strategies as st
 
 from django_outbox import outbox
 from django_outbox.models import Message
-from django_outbox.relay import Relay, RelayConfig
 from django_outbox.transports.webhook import _is_public
+from django_outbox.worker import Relay, RelayConfig
 
 from .servers import HTTPServer
 

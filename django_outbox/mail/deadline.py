@@ -20,7 +20,7 @@ from typing import Any
 from django.core.mail.backends.base import BaseEmailBackend
 from django.core.mail.backends.smtp import EmailBackend as SMTPBackend
 
-from ..watchdog import Watchdog, active
+from ..transports.deadlines import Watchdog, active
 
 
 class _WatchedSMTP(smtplib.SMTP):

@@ -8,7 +8,7 @@ from django.db import models
 from django.utils.translation import gettext_lazy as _
 
 from ..conf import EMAIL_TOPIC
-from ..models import Message
+from ..store.models import Message
 from .payload import html_of, recipients_of
 
 

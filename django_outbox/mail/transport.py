@@ -24,7 +24,7 @@ from django.utils.module_loading import import_string
 from ..conf import get_settings
 from ..exceptions import DeliveryError, OutboxImproperlyConfigured, PermanentDeliveryError, TransientDeliveryError
 from ..transports.base import BatchTransport
-from ..watchdog import Watchdog
+from ..transports.deadlines import Watchdog
 from .deadline import with_deadline
 from .payload import from_payload
 

@@ -20,8 +20,8 @@ from asgiref.sync import async_to_sync
 
 from ..exceptions import DeliveryTimeoutError, TransientDeliveryError
 from ..routing import registry
-from ..timeouts import time_left
 from .base import BaseTransport
+from .deadlines import time_left
 
 if TYPE_CHECKING:
     from ..models import Message

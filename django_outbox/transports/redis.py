@@ -6,7 +6,7 @@ the ``id`` field (the message uuid).
 
 ``SOCKET_TIMEOUT`` bounds each socket operation only, so a server that drips its replies would hold
 the batch for ever; ``TIMEOUT`` bounds the whole batch (connect, pipeline, replies), enforced by a
-:class:`~django_outbox.watchdog.Watchdog` that shuts the connection down at the deadline. redis-py's
+:class:`~django_outbox.transports.deadlines.Watchdog` that shuts the connection down at the deadline. redis-py's
 own retries are off: the outbox retries the batch, with backoff, as it does every failure.
 """
 
@@ -21,7 +21,6 @@ from django.core.checks import CheckMessage
 from django.core.serializers.json import DjangoJSONEncoder
 
 from ..exceptions import MissingExtraError, TransientDeliveryError
-from ..watchdog import Watchdog, active
 from .broker import (
     MAX_NETWORK_TIMEOUT,
     BrokerTransport,
@@ -33,6 +32,7 @@ from .broker import (
     url_error,
     wrap,
 )
+from .deadlines import Watchdog, active
 
 try:
     import redis

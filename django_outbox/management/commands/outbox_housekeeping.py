@@ -6,8 +6,8 @@ from typing import Any
 
 from django.core.management.base import BaseCommand, CommandParser
 
-from django_outbox import housekeeping
 from django_outbox.conf import get_settings
+from django_outbox.retention import housekeeping
 
 
 def _positive_int(value: str) -> int:

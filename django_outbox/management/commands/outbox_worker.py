@@ -12,7 +12,7 @@ from typing import Any
 from django.core.management.base import BaseCommand, CommandError, CommandParser
 
 from django_outbox.conf import bounded
-from django_outbox.relay import Relay, RelayConfig, Stats
+from django_outbox.worker import Relay, RelayConfig, Stats
 
 
 def _setting(name: str, kind: type[int] | type[float]) -> Callable[[str], int | float]:

@@ -36,22 +36,22 @@ from django.db import transaction
 from django.db.backends.base.base import BaseDatabaseWrapper
 from django.utils import timezone
 
-from .conf import get_settings
-from .store import (  # the archive's table names are part of this module's interface too
+from ..conf import get_settings
+from ..store.db import (  # the archive's table names are part of this module's interface too
     ARCHIVED_ATTEMPT as ARCHIVED_ATTEMPT,
 )
-from .store import (
+from ..store.db import (
     ARCHIVED_MESSAGE as ARCHIVED_MESSAGE,
 )
-from .store import (
+from ..store.db import (
     ATTEMPT,
     CANCELLED,
     DELIVERED,
     MESSAGE,
     WORKER,
-    _connection,
-    _is_pg,
-    _prep_dt,
+    connection,
+    is_pg,
+    prep_dt,
 )
 
 logger = logging.getLogger("django_outbox.housekeeping")
@@ -81,7 +81,7 @@ class _Busy(Exception):
 
 def _take_turn(conn: BaseDatabaseWrapper, cursor: Any) -> None:
     """Within a unit's transaction (PostgreSQL): this process's turn, held until that transaction ends."""
-    if _is_pg(conn):
+    if is_pg(conn):
         cursor.execute("SELECT pg_try_advisory_xact_lock(%s)", [ADVISORY_LOCK_ID])
         if not cursor.fetchone()[0]:
             raise _Busy
@@ -119,7 +119,7 @@ def run(
     alias: str, *, now: dt.datetime | None = None, batch_size: int = BATCH_SIZE, time_budget: float | None = None
 ) -> Report:
     """One round of housekeeping; ``time_budget`` (seconds) bounds it for a worker's background thread."""
-    conn = _connection(alias)
+    conn = connection(alias)
     now = _aware(now or timezone.now())
     deadline = None if time_budget is None else time.monotonic() + time_budget
     # SQLite serialises writers: concurrent rounds take turns batch by batch, and each batch is atomic.
@@ -140,7 +140,7 @@ def run(
 def _aware(value: dt.datetime) -> dt.datetime:
     """``now`` as an aware datetime: with ``USE_TZ = False`` Django's times are naive, in ``TIME_ZONE``.
 
-    Every comparison below is made on aware values; ``_prep_dt`` turns them back into what the
+    Every comparison below is made on aware values; ``prep_dt`` turns them back into what the
     connection expects.
     """
     return timezone.make_aware(value) if timezone.is_naive(value) else value
@@ -152,11 +152,11 @@ def _run(conn: BaseDatabaseWrapper, now: dt.datetime, batch_size: int, deadline:
     if conf.RETENTION_MODE == "delete":
         report.finished = _batches(conn, retention_cutoff, batch_size, deadline, report, archive=None)
     else:
-        if _is_pg(conn):
+        if is_pg(conn):
             report.partitions_created = ensure_partitions(conn, now)
         report.finished = _batches(conn, now - conf.ARCHIVE_AFTER, batch_size, deadline, report, archive=now)
     # The archive is emptied in either mode: it may hold messages archived before a switch to "delete".
-    if _is_pg(conn):
+    if is_pg(conn):
         keep_from = _first_kept_day(now)
         report.partitions_dropped = drop_partitions(conn, older_than=retention_cutoff, keep_from=keep_from)
         # Days whose partitions are kept (see _first_kept_day) may still hold rows older than a short
@@ -176,7 +176,7 @@ def _first_kept_day(now: dt.datetime) -> dt.date:
 def _prune_workers(conn: BaseDatabaseWrapper, cutoff: dt.datetime) -> int:
     with transaction.atomic(using=conn.alias), conn.cursor() as cursor:
         _take_turn(conn, cursor)
-        cursor.execute(f"DELETE FROM {WORKER} WHERE last_seen < %s", [_prep_dt(conn, cutoff)])
+        cursor.execute(f"DELETE FROM {WORKER} WHERE last_seen < %s", [prep_dt(conn, cutoff)])
         return int(cursor.rowcount)
 
 
@@ -197,7 +197,7 @@ def _batches(
     while True:
         done = (
             _batch_pg(conn, cutoff, batch_size, archive)
-            if _is_pg(conn)
+            if is_pg(conn)
             else _batch_sqlite(conn, cutoff, batch_size, archive)
         )
         if archive is None:
@@ -245,10 +245,10 @@ def _batch_pg(conn: BaseDatabaseWrapper, cutoff: dt.datetime, batch_size: int, a
 def _batch_sqlite(conn: BaseDatabaseWrapper, cutoff: dt.datetime, batch_size: int, archive: dt.datetime | None) -> int:
     # Every statement re-reads the same batch: the write lock is held from the first one to the commit.
     batch = _finished_sql("LIMIT %s")
-    ids = [DELIVERED, CANCELLED, _prep_dt(conn, cutoff), _prep_dt(conn, cutoff), batch_size]
+    ids = [DELIVERED, CANCELLED, prep_dt(conn, cutoff), prep_dt(conn, cutoff), batch_size]
     with transaction.atomic(using=conn.alias), conn.cursor() as cursor:
         if archive is not None:
-            when = _prep_dt(conn, archive)
+            when = prep_dt(conn, archive)
             cursor.execute(
                 f"INSERT INTO {ARCHIVED_MESSAGE} ({_MESSAGE_COLUMNS}, archived_at)"
                 f" SELECT {_MESSAGE_COLUMNS}, %s FROM {MESSAGE} WHERE id IN ({batch})",
@@ -267,7 +267,7 @@ def _batch_sqlite(conn: BaseDatabaseWrapper, cutoff: dt.datetime, batch_size: in
 def _prune_archive(
     conn: BaseDatabaseWrapper, cutoff: dt.datetime, batch_size: int, deadline: float | None, report: Report
 ) -> None:
-    when = _prep_dt(conn, cutoff)
+    when = prep_dt(conn, cutoff)
     while True:
         with transaction.atomic(using=conn.alias), conn.cursor() as cursor:
             _take_turn(conn, cursor)

@@ -1,6 +1,12 @@
-"""A deadline for blocking socket code that only knows per-operation timeouts (smtplib, redis-py).
+"""Deadlines of one delivery call, for the transports that make it and the worker that sets them.
 
-Such clients wait up to their timeout for each ``recv()``, so a peer that sends a byte now and then
+Here, not in ``worker``, so that a transport never imports the worker: the worker imports transports.
+
+``time_limit()`` (set by the worker around each delivery call) says how long the call may take, and
+``time_left()`` reads it: a coroutine can be cancelled at its deadline (the handler transport).
+
+A :class:`Watchdog` is a deadline for blocking socket code that only knows per-operation timeouts
+(smtplib, redis-py). Such clients wait up to their timeout for each ``recv()``, so a peer that sends a byte now and then
 holds them for ever. A :class:`Watchdog` is armed for one delivery call; the client's sockets are
 registered with it as they are made (by a connection class of the transport's own), and when the
 deadline passes it shuts them down: the blocked read returns at once and the client raises, and the
@@ -9,9 +15,41 @@ transport, seeing ``expired()``, reports the deadline rather than a dropped conn
 
 from __future__ import annotations
 
+import contextlib
+import contextvars
 import socket
 import threading
 import time
+from collections.abc import Iterator
+
+#: The deadline of the delivery call running in this context: (time.monotonic() deadline, whole limit).
+_deadline: contextvars.ContextVar[tuple[float, float] | None] = contextvars.ContextVar(
+    "django_outbox_call_deadline", default=None
+)
+
+
+@contextlib.contextmanager
+def time_limit(seconds: float | None) -> Iterator[None]:
+    """Tell the delivery call made in this block how long it may take (None: no limit).
+
+    A thread cannot be stopped, so ``BoundedCaller`` can only abandon a hung call; a coroutine can be
+    cancelled, so the handler transport reads this to cancel an async handler at its deadline. It is
+    also the only bound in ``relay_all()``, which has no helper thread.
+    """
+    token = _deadline.set(None if seconds is None else (time.monotonic() + seconds, seconds))
+    try:
+        yield
+    finally:
+        _deadline.reset(token)
+
+
+def time_left() -> tuple[float, float] | None:
+    """(seconds left, the whole limit) for the delivery call running here, or None without a limit."""
+    deadline = _deadline.get()
+    if deadline is None:
+        return None
+    return max(0.0, deadline[0] - time.monotonic()), deadline[1]
+
 
 _active = threading.local()  # the watchdog of the delivery call this thread is making, if any
 

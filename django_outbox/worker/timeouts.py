@@ -11,52 +11,21 @@ database connection) is released by the helper itself once the call returns, nev
 
 from __future__ import annotations
 
-import contextlib
-import contextvars
 import itertools
 import queue
 import threading
-import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from typing import Generic, TypeVar
 
 from django.db import connections
 
-from . import store
-from .exceptions import DeliveryTimeoutError
+from .. import store
+from ..exceptions import DeliveryTimeoutError
 
 T = TypeVar("T")
 Cleanup = Callable[[], None]
 
 _numbers = itertools.count(1)
-
-#: The deadline of the delivery call running in this context: (time.monotonic() deadline, whole limit).
-_deadline: contextvars.ContextVar[tuple[float, float] | None] = contextvars.ContextVar(
-    "django_outbox_call_deadline", default=None
-)
-
-
-@contextlib.contextmanager
-def time_limit(seconds: float | None) -> Iterator[None]:
-    """Tell the delivery call made in this block how long it may take (None: no limit).
-
-    A thread cannot be stopped, so ``BoundedCaller`` can only abandon a hung call; a coroutine can be
-    cancelled, so the handler transport reads this to cancel an async handler at its deadline. It is
-    also the only bound in ``relay_all()``, which has no helper thread.
-    """
-    token = _deadline.set(None if seconds is None else (time.monotonic() + seconds, seconds))
-    try:
-        yield
-    finally:
-        _deadline.reset(token)
-
-
-def time_left() -> tuple[float, float] | None:
-    """(seconds left, the whole limit) for the delivery call running here, or None without a limit."""
-    deadline = _deadline.get()
-    if deadline is None:
-        return None
-    return max(0.0, deadline[0] - time.monotonic()), deadline[1]
 
 
 class _Job(Generic[T]):

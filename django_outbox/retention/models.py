@@ -13,7 +13,7 @@ from django.core.serializers.json import DjangoJSONEncoder
 from django.db import models
 from django.utils.translation import gettext_lazy as _
 
-from .limits import IDEMPOTENCY_KEY_MAX_LENGTH, KEY_MAX_LENGTH, TOPIC_MAX_LENGTH, WORKER_ID_MAX_LENGTH
+from ..limits import IDEMPOTENCY_KEY_MAX_LENGTH, KEY_MAX_LENGTH, TOPIC_MAX_LENGTH, WORKER_ID_MAX_LENGTH
 
 
 class ArchivedMessage(models.Model):

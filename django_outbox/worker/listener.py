@@ -1,13 +1,9 @@
-"""Waking idle workers the moment a producing transaction commits.
+"""Waking idle workers the moment a producing transaction commits: the listening side (``LISTEN``).
 
-On PostgreSQL a committed transaction that sent messages issues one ``NOTIFY`` (however many messages
-it sent; none if it rolled back), and workers ``LISTEN`` on a dedicated connection. ``send()`` queues it
-inside the transaction, in the very statement that inserts the message: PostgreSQL folds the identical
-notifications of one transaction into one, delivers it at commit and drops it on rollback (of a
-savepoint too). That costs no round trip and no second commit, where a ``NOTIFY`` issued after the
-commit costs both, and no bookkeeping of which transaction already asked (see docs/performance.md).
-Elsewhere, or with ``OUTBOX["NOTIFY"] = False``, workers poll, so a lost notification never delays
-delivery by more than the poll interval.
+Workers ``LISTEN`` on a dedicated connection and turn each notification into a ring of the doorbell;
+the sending side (one ``NOTIFY`` per committed transaction that sent messages) is ``store.notify``.
+Elsewhere than PostgreSQL, or with ``OUTBOX["NOTIFY"] = False``, workers poll, so a lost notification
+never delays delivery by more than the poll interval.
 
 A pooler in transaction pooling (PgBouncer) cannot keep a ``LISTEN``: the session that registered it goes
 back to the pool after the statement, and its notifications reach nobody. ``OUTBOX["LISTEN_DATABASE"]``
@@ -19,7 +15,6 @@ itself a notification on a second connection after each connect (``hears_itself`
 
 from __future__ import annotations
 
-import functools
 import logging
 import secrets
 import threading
@@ -27,40 +22,11 @@ import time
 from collections.abc import Callable
 from typing import Any
 
-from django.db import connections, transaction
-from django.db.backends.base.base import BaseDatabaseWrapper
+from django.db import connections
 
-from .conf import get_settings
+from ..conf import get_settings
 
 logger = logging.getLogger("django_outbox.wakeup")
-
-
-def notify_now(alias: str) -> None:
-    """Wake idle workers now (autocommit), for a change that is already committed."""
-    _notify(alias)
-
-
-def _notify(alias: str) -> None:
-    settings = get_settings()
-    with connections[alias].cursor() as cursor:
-        cursor.execute("SELECT pg_notify(%s, '')", [settings.NOTIFY_CHANNEL])
-
-
-def _already_notified(conn: BaseDatabaseWrapper) -> bool:
-    # Django drops the entries of a rolled-back savepoint, as PostgreSQL drops the NOTIFY queued in it.
-    return any(getattr(entry[1], "outbox_wake", False) for entry in conn.run_on_commit)
-
-
-def notify_on_commit(alias: str) -> None:
-    """Arrange one wake-up for when the current transaction commits (now, in autocommit)."""
-    conn = connections[alias]
-    if conn.vendor != "postgresql" or not get_settings().NOTIFY:
-        return
-    if conn.in_atomic_block and _already_notified(conn):
-        return  # this transaction already asked; PostgreSQL would fold a second one anyway
-    callback: Any = functools.partial(_notify, alias)
-    callback.outbox_wake = True
-    transaction.on_commit(callback, using=alias, robust=True)
 
 
 #: How long a listener waits for its own probe notification before it calls its connection deaf.
@@ -72,7 +38,7 @@ def listen_alias(alias: str) -> str:
     return get_settings().LISTEN_DATABASE or alias
 
 
-def _raw_params(alias: str) -> dict[str, Any]:
+def raw_params(alias: str) -> dict[str, Any]:
     params = connections[alias].get_connection_params()
     params.pop("cursor_factory", None)  # Django's, for its own connections
     params.pop("context", None)
@@ -91,7 +57,7 @@ def hears_itself(listening: Any, notify_alias: str, *, timeout: float = PROBE_TI
     channel = f"django_outbox_probe_{secrets.token_hex(6)}"
     listening.execute(psycopg.sql.SQL("LISTEN {}").format(psycopg.sql.Identifier(channel)))
     try:
-        with psycopg.connect(**_raw_params(notify_alias), autocommit=True) as notifier:
+        with psycopg.connect(**raw_params(notify_alias), autocommit=True) as notifier:
             notifier.execute("SELECT pg_notify(%s, '')", [channel])
         return any(n.channel == channel for n in listening.notifies(timeout=timeout, stop_after=1))
     finally:
@@ -128,7 +94,7 @@ class Listener(threading.Thread):
         delay = 0.1
         while not self.stopping():
             try:
-                with psycopg.connect(**_raw_params(target), autocommit=True) as conn:
+                with psycopg.connect(**raw_params(target), autocommit=True) as conn:
                     if not hears_itself(conn, self.alias):
                         self.deaf = True
                         logger.warning(

@@ -1,0 +1,314 @@
+"""Claiming: leasing due messages to a worker, and what an idle worker asks (when to look again, whether
+to wait).
+
+Each statement runs in autocommit where the database allows (PostgreSQL data-modifying CTEs, SQLite
+``UPDATE ... RETURNING``), so a claim is one round trip and no transaction outlives the function.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import datetime as dt
+import functools
+from collections.abc import Iterator, Sequence
+from typing import Any
+
+from django.conf import settings
+from django.db.backends.base.base import BaseDatabaseWrapper
+from django.utils import timezone
+
+from .cursors import unprepared_on_loss, worker_cursor
+from .db import (
+    DEAD,
+    MESSAGE,
+    PENDING,
+    PROCESSING,
+    SERVER_NOW,
+    connection,
+    is_pg,
+    literal,
+    prep_dt,
+    topic_filter,
+)
+from .models import Message
+from .rows import COLUMN_NAMES, COLUMNS, to_messages
+
+try:
+    import psycopg
+except ImportError:  # pragma: no cover - an install without the postgres extra
+    psycopg = None  # type: ignore[assignment]
+
+
+def claim(
+    alias: str, *, worker: str, limit: int, lease_seconds: float, topics: Sequence[str] | None = None
+) -> list[Message]:
+    """Lease up to ``limit`` due messages to ``worker`` and count the attempt; committed on return.
+
+    A keyed message is claimed only at the head of its key (see ``claim_sql``), so a batch holds at most
+    one message per key. On PostgreSQL a claim that fenced newly visible keyed messages and came back
+    short looks once more: those messages usually became claimable the moment the first statement ended.
+    """
+    conn = connection(alias)
+    messages, fenced = unprepared_on_loss(
+        conn,
+        lambda: _claim_once(alias, conn, worker=worker, limit=limit, lease_seconds=lease_seconds, topics=topics),
+    )
+    if fenced and len(messages) < limit:
+        more, _ = unprepared_on_loss(
+            conn,
+            lambda: _claim_once(
+                alias, conn, worker=worker, limit=limit - len(messages), lease_seconds=lease_seconds, topics=topics
+            ),
+        )
+        messages += more
+    messages.sort(key=lambda m: m.id)
+    return messages
+
+
+def blocking_statuses() -> tuple[str, ...]:
+    """Statuses of an earlier message that hold back the later messages of its key."""
+    from ..conf import get_settings
+
+    return (PENDING, PROCESSING) if get_settings().ORDERING == "skip_dead" else (PENDING, PROCESSING, DEAD)
+
+
+def claim_sql(
+    conn: BaseDatabaseWrapper, *, worker: str, limit: int, lease_seconds: float, topics: Sequence[str] | None = None
+) -> tuple[str, list[Any]]:
+    """The claim statement and its parameters (public so a test can ``EXPLAIN`` it).
+
+    Due pending rows are walked in id order on the partial index of pending rows. A keyed row qualifies
+    only when no earlier row of its key is open (pending, processing, or dead under ORDERING "block"),
+    probed on the partial index of open keyed rows; keyless rows skip both tests.
+
+    PostgreSQL adds a fence, because ids are taken at insert but rows appear at commit: a lower id of the
+    same key may still be invisible in an open transaction. The statement first stamps keyed rows it sees
+    for the first time with the claiming transaction's own id (assigned after every id already in use; the
+    snapshot's xmax is only "latest completed + 1", below ids still running, so it would not do); every
+    transaction that could hold a lower id of their key was running by then, and had its id (insert()
+    takes it before the row id). A stamped row is claimable once the snapshot's xmin has reached the stamp:
+    no transaction below it is still running, so any lower id of its key is visible or rolled back.
+
+    On PostgreSQL "due" and the lease's end are the server's ``statement_timestamp()`` (plus the lease's
+    seconds): a worker whose clock is off neither claims early nor leases for minutes too long or short.
+    """
+    topic_sql, topic_params = topic_filter(topics)
+    pg = is_pg(conn)
+    sql = _claim_text(pg, topic_sql, blocking_statuses())
+    if pg:
+        return sql, [*topic_params, limit, worker, float(lease_seconds)]
+    now = timezone.now()
+    lease = [worker, prep_dt(conn, now + dt.timedelta(seconds=lease_seconds))]
+    return sql, [*lease, prep_dt(conn, now), *topic_params, limit]
+
+
+#: The database server's clock in every PostgreSQL statement that decides by time. Not ``now()``, which
+#: stands still for a whole transaction (a caller's, in tests and ``relay_all()``); the statement's
+#: start, which Django's ``Now()`` also uses.
+
+
+@functools.cache
+def _claim_text(pg: bool, topic_sql: str, blocking: tuple[str, ...]) -> str:
+    """The claim's text, built once per shape (building it cost ~40 µs of every wake-up).
+
+    The prepared claim is still planned afresh for each execution, on purpose: only with the actual
+    time and limit does the planner see that walking the pending index in id order is cheapest, and a
+    generic plan chosen while few messages were pending (a sort of every due row) would be kept for the
+    connection's life, however large the backlog grew. Statuses are literals, which the partial
+    indexes' predicates can be matched against in any plan.
+    """
+    pending, processing = literal(PENDING), literal(PROCESSING)
+    head = (
+        f"NOT EXISTS (SELECT 1 FROM {MESSAGE} AS b WHERE b.key = c.key AND b.id < c.id"
+        f" AND b.key IS NOT NULL AND b.status IN ({', '.join(map(literal, blocking))}))"
+    )
+    if not pg:
+        set_lease = f"status = {processing}, locked_by = %s, locked_until = %s"
+        return (
+            f"UPDATE {MESSAGE} SET {set_lease}, attempts = {_next_attempt('attempts')}"
+            f" WHERE id IN (SELECT c.id FROM {MESSAGE} AS c WHERE c.status = {pending} AND c.available_at <= %s"
+            f"{topic_sql} AND (c.key IS NULL OR {head}) ORDER BY c.id LIMIT %s) RETURNING {COLUMNS}, 0"
+        )
+    # The claim's commit waits for the disk like any other. Committing it asynchronously saved ~0.2 ms
+    # per claim, but a crash could then forget a claim whose attempt number the record's fence relies
+    # on: re-issued to another delivery thread of the same worker, it let a late record of the first
+    # delivery land on the second's lease (docs/performance.md, rejected optimisations).
+    set_lease = f"status = {processing}, locked_by = %s, locked_until = {SERVER_NOW} + %s * interval '1 second'"
+    return (
+        f"WITH fence AS (UPDATE {MESSAGE} SET visible_after_xid ="
+        f" (SELECT pg_current_xact_id()::text::bigint)"
+        f" WHERE id IN (SELECT id FROM {MESSAGE} WHERE status = {pending} AND key IS NOT NULL"
+        f" AND visible_after_xid IS NULL ORDER BY id LIMIT {FENCE_BATCH} FOR UPDATE SKIP LOCKED) RETURNING 1),"
+        f" picked AS MATERIALIZED (SELECT c.id FROM {MESSAGE} AS c"
+        f" WHERE c.status = {pending} AND c.available_at <= {SERVER_NOW}{topic_sql}"
+        f" AND (c.key IS NULL OR (c.visible_after_xid"
+        f" <= (SELECT pg_snapshot_xmin(pg_current_snapshot())::text::bigint) AND {head}))"
+        f" ORDER BY c.id LIMIT %s FOR UPDATE OF c SKIP LOCKED),"
+        f" claimed AS (UPDATE {MESSAGE} AS m SET {set_lease},"
+        f" attempts = {_next_attempt('m.attempts')} FROM picked WHERE m.id = picked.id"
+        f" RETURNING {', '.join('m.' + c for c in COLUMN_NAMES)})"
+        f" SELECT claimed.*, (SELECT count(*) FROM fence)"
+        f" FROM (SELECT 1) AS one LEFT JOIN claimed ON true"
+    )
+
+
+#: The attempt counter stops at the integer column's largest value: past it, ``attempts + 1`` failed the
+#: whole claim on PostgreSQL ("integer out of range"), so one row kept every worker from claiming
+#: anything. A message claimed at this count has used up any ``max_attempts`` and goes dead.
+ATTEMPTS_MAX = 2**31 - 1
+
+
+def _next_attempt(column: str) -> str:
+    """The claim's new attempt count; a CASE, since ``LEAST(attempts + 1, ...)`` overflows before LEAST."""
+    return f"CASE WHEN {column} < {ATTEMPTS_MAX} THEN {column} + 1 ELSE {column} END"
+
+
+#: Keyed rows one claim stamps at most; each is stamped once in its life.
+FENCE_BATCH = 1000
+
+
+def _claim_once(
+    alias: str,
+    conn: BaseDatabaseWrapper,
+    *,
+    worker: str,
+    limit: int,
+    lease_seconds: float,
+    topics: Sequence[str] | None,
+) -> tuple[list[Message], int]:
+    sql, params = claim_sql(conn, worker=worker, limit=limit, lease_seconds=lease_seconds, topics=topics)
+    with worker_cursor(conn) as cursor:
+        with walking_plan(conn):
+            cursor.execute(sql, params)
+        rows = cursor.fetchall()
+    fenced = int(rows[0][-1]) if rows and is_pg(conn) else 0
+    return to_messages(alias, conn, (row[:-1] for row in rows if row[0] is not None)), fenced
+
+
+_PLAN_AS_A_WALK = (
+    "SELECT set_config('enable_sort', 'off', true), set_config('plan_cache_mode', 'force_custom_plan', true)"
+)
+
+
+@contextlib.contextmanager
+def walking_plan(conn: BaseDatabaseWrapper) -> Iterator[None]:
+    """Plan the claim with sorting disabled, in the same round trip, so it walks the pending index.
+
+    The claim takes the first due messages in id order. Walking the partial index of pending rows
+    reads about one batch however long the backlog. Whenever its estimates say few rows are pending,
+    the planner prefers to collect every due row and sort them: on a table PostgreSQL has not analyzed
+    yet (a new deployment, or after ``pg_upgrade``, which keeps no statistics), each claim sorted the
+    whole backlog (18 ms per batch of 100 from a 40,000-message backlog, against 4 ms;
+    docs/performance.md), until autovacuum analyzed the table.
+
+    ``enable_sort = off`` is set for the claim's transaction only (``SET LOCAL``), with
+    ``plan_cache_mode = force_custom_plan`` so that the prepared claim never settles on a generic plan
+    made under either setting: sent in the same pipeline, the statements share PostgreSQL's implicit
+    transaction and one round trip. Inside a transaction of the caller's (tests, ``relay_all()``) the
+    claim is planned as usual. In the pipeline a failing claim raises when the pipeline closes, after
+    Django's execute wrappers have returned: they see the claim sent, not its outcome.
+    """
+    raw = conn.connection
+    if (
+        psycopg is None
+        or not is_pg(conn)
+        or not isinstance(raw, psycopg.Connection)
+        or conn.in_atomic_block
+        or not conn.get_autocommit()
+        or not psycopg.Pipeline.is_supported()
+    ):
+        yield
+        return
+    with conn.wrap_database_errors, raw.pipeline():
+        raw.execute(_PLAN_AS_A_WALK)
+        yield
+
+
+#: How soon an idle worker looks again while a due keyed message waits only for the commit-order fence:
+#: it becomes claimable when older transactions end, and nothing announces that.
+FENCE_RECHECK = dt.timedelta(milliseconds=100)
+
+
+def next_due(alias: str, *, topics: Sequence[str] | None = None) -> float | None:
+    """Seconds until an idle worker should look again: until the earliest future ``available_at`` of a
+    pending message, or, on PostgreSQL, ``FENCE_RECHECK`` while a due keyed message waits only for the
+    fence. None when nothing is scheduled.
+
+    On PostgreSQL the wait is measured on the server's clock, which the claim's "due" test uses, so a
+    worker sleeps the right time whatever its own clock says.
+    """
+    conn = connection(alias)
+    topic_sql, topic_params = topic_filter(topics)
+    pg = is_pg(conn)
+    now = None if pg else timezone.now()
+    # Only the future counts: a message due now that the claim left behind is held behind an earlier
+    # message of its key, and is woken by that message's outcome, not by the clock.
+    if pg:
+        sql = (
+            f"SELECT extract(epoch FROM MIN(available_at) - {SERVER_NOW})::float8 FROM {MESSAGE}"
+            f" WHERE status = %s AND available_at > {SERVER_NOW}{topic_sql}"
+        )
+        fenced_sql, fenced_params = _fenced_heads_sql(conn, topics)
+        sql = f"SELECT ({sql}), EXISTS ({fenced_sql})"
+        params: list[Any] = [PENDING, *topic_params, *fenced_params]
+    else:
+        sql = f"SELECT MIN(available_at) FROM {MESSAGE} WHERE status = %s AND available_at > %s{topic_sql}"
+        params = [PENDING, prep_dt(conn, now), *topic_params]
+    with conn.cursor() as cursor:
+        cursor.execute(sql, params)
+        row = cursor.fetchone()
+    value = row[0] if row else None
+    wait: float | None
+    if value is None:
+        wait = None
+    elif pg:
+        wait = max(0.0, float(value))
+    else:
+        if isinstance(value, str):  # SQLite returns the stored text for an aggregate
+            from django.utils.dateparse import parse_datetime
+
+            value = parse_datetime(value)
+        if value is not None and settings.USE_TZ and timezone.is_naive(value):  # SQLite's text is UTC
+            value = timezone.make_aware(value, dt.UTC)
+        wait = None if value is None or now is None else max(0.0, (value - now).total_seconds())
+    if row is not None and len(row) > 1 and row[1]:
+        recheck = FENCE_RECHECK.total_seconds()
+        wait = recheck if wait is None else min(wait, recheck)
+    return wait
+
+
+def _fenced_heads_sql(conn: BaseDatabaseWrapper, topics: Sequence[str] | None) -> tuple[str, list[Any]]:
+    """PostgreSQL: a due keyed message at the head of its key that only the commit-order fence holds
+    back (not yet stamped, or stamped above the oldest running transaction)."""
+    topic_sql, topic_params = topic_filter(topics, column="c.topic")
+    blocking = blocking_statuses()
+    sql = (
+        f"SELECT 1 FROM {MESSAGE} AS c WHERE c.status = %s AND c.available_at <= {SERVER_NOW}{topic_sql}"
+        f" AND c.key IS NOT NULL"
+        f" AND (c.visible_after_xid IS NULL"
+        f" OR c.visible_after_xid > pg_snapshot_xmin(pg_current_snapshot())::text::bigint)"
+        f" AND NOT EXISTS (SELECT 1 FROM {MESSAGE} AS b WHERE b.key = c.key AND b.id < c.id"
+        f" AND b.status IN ({', '.join(['%s'] * len(blocking))})) LIMIT 1"
+    )
+    return sql, [PENDING, *topic_params, *blocking]
+
+
+def work_in_progress(alias: str, *, topics: Sequence[str] | None = None) -> bool:
+    """Whether a worker that found nothing to claim must still wait rather than call the outbox empty.
+
+    True while a message is being processed (it may fail and come back), and on PostgreSQL while a due
+    keyed message at the head of its key waits only for the commit-order fence: it becomes claimable as
+    soon as the transactions that were open when it was first seen have ended. Messages scheduled for
+    later, or held behind an earlier message of their key, do not count.
+    """
+    conn = connection(alias)
+    topic_sql, topic_params = topic_filter(topics)
+    with conn.cursor() as cursor:
+        cursor.execute(f"SELECT 1 FROM {MESSAGE} WHERE status = %s{topic_sql} LIMIT 1", [PROCESSING, *topic_params])
+        if cursor.fetchone() is not None:
+            return True
+        if not is_pg(conn):
+            return False
+        fenced_sql, fenced_params = _fenced_heads_sql(conn, topics)
+        cursor.execute(fenced_sql, fenced_params)
+        return cursor.fetchone() is not None
