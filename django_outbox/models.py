@@ -244,5 +244,6 @@ class IdempotencyRecord(models.Model):
         return f"{self.scope} {self.key} ({self.state})"
 
 
-from .archive_models import ArchivedAttempt, ArchivedMessage  # noqa: E402, F401  (the audit archive)
+from .archive_models import ArchivedAttempt as ArchivedAttempt  # noqa: E402  (the audit archive, exported)
+from .archive_models import ArchivedMessage as ArchivedMessage  # noqa: E402
 from .mail.models import OutboxEmail  # noqa: E402, F401  (the email log proxy; defined there, registered here)

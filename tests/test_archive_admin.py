@@ -8,7 +8,8 @@ import pytest
 from django.test import override_settings
 from django.urls import reverse
 
-from django_outbox import housekeeping, overview
+from django_outbox import housekeeping
+from django_outbox.admin import overview
 from django_outbox.archive_models import ArchivedMessage
 
 from .factories import MessageFactory
