@@ -13,7 +13,7 @@ from django.test.utils import CaptureQueriesContext
 from django.urls import reverse
 from django.utils import timezone
 
-from django_outbox.counting import EstimatingPaginator
+from django_outbox.admin.counting import EstimatingPaginator
 from django_outbox.models import Message
 
 from .factories import AttemptFactory, MessageFactory

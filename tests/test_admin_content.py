@@ -25,10 +25,11 @@ from django.urls import reverse
 from django.utils import timezone
 
 from django_outbox import outbox
+from django_outbox.admin.redaction import AUDIT_LOGGER, CONTENT_PERMISSION
 from django_outbox.conf import EMAIL_TOPIC, _parse
 from django_outbox.mail.models import OutboxEmail
+from django_outbox.mail.password_reset import PASSWORD_RESET
 from django_outbox.models import Attempt, Message
-from django_outbox.redaction import AUDIT_LOGGER, CONTENT_PERMISSION, PASSWORD_RESET
 from django_outbox.retention import housekeeping
 from django_outbox.retention.models import ArchivedMessage
 
@@ -382,7 +383,7 @@ def test_a_field_shown_without_the_admin_deciding_hides_content():
 @override_settings(OUTBOX={"SENSITIVE_TOPICS": ["payments.*"]})
 def test_masking_survives_hostile_payloads():
     """Deep nesting, a megabyte of values and short values: masked without recursion, in one pass each."""
-    from django_outbox.redaction import MASK, SENSITIVE_TOPIC, Disclosure
+    from django_outbox.admin.redaction import MASK, SENSITIVE_TOPIC, Disclosure
 
     deep: Any = {"pin": "4921"}
     for _ in range(50_000):

@@ -8,7 +8,7 @@ import pytest
 from django.test import override_settings
 from django.urls import reverse
 
-from django_outbox import overview
+from django_outbox.admin import overview
 from django_outbox.retention import housekeeping
 from django_outbox.retention.models import ArchivedMessage
 

@@ -233,7 +233,7 @@ def test_a_delay_that_the_senders_clock_keeps_within_year_9999_is_capped_on_a_se
 def test_a_shifted_workers_liveness_is_judged_on_the_servers_clock(workers, shift):
     """``outbox_status`` and the admin overview: alive while it beats, gone ``stale_after`` after it died,
     whatever its clock (behind, it looked dead from the start; ahead, alive minutes after its death)."""
-    from django_outbox import overview
+    from django_outbox.admin import overview
 
     def state() -> str:
         (mine,) = [w for w in overview.collect(stale_after=4).workers if w.pid == worker.pid]

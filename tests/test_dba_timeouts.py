@@ -14,7 +14,8 @@ import pytest
 from django.db import connection
 from django.utils import timezone
 
-from django_outbox import outbox, overview
+from django_outbox import outbox
+from django_outbox.admin import overview
 from django_outbox.models import Attempt, Message
 from django_outbox.retention.models import ArchivedMessage
 

@@ -11,7 +11,7 @@ import pytest
 from django.core.management import CommandError, call_command
 from django.utils import timezone
 
-from django_outbox import overview
+from django_outbox.admin import overview
 from django_outbox.models import Message, Worker
 
 from .conftest import ROOT, worker_env
@@ -102,6 +102,43 @@ def test_exit_status_from_the_command_line():
     beat("new:2:y", seconds_ago=0)
     done = subprocess.run(command, cwd=ROOT, env=worker_env(), capture_output=True, text=True, timeout=60)
     assert done.returncode == 0, done.stderr
+
+
+#: Run without ``django.contrib.admin``: an email through the outbox backend, then ``outbox_status``, rolled back.
+_WITHOUT_ADMIN = """
+import django
+django.setup()
+from django.core import mail
+from django.core.management import call_command
+from django.db import transaction
+
+class Rollback(Exception):
+    pass
+
+try:
+    with transaction.atomic():
+        email = mail.EmailMessage("Hello", "Body", "shop@example.org", ["ann@example.org"])
+        assert mail.get_connection("django_outbox.mail.EmailBackend").send_messages([email]) == 1
+        call_command("outbox_status", "--json")
+        raise Rollback
+except Rollback:
+    pass
+"""
+
+
+@pytest.mark.django_db(transaction=True)
+def test_the_status_command_and_the_email_backend_need_no_django_admin(tmp_path):
+    """``django.contrib.admin`` is optional: the figures (``django_outbox.admin.overview``) and the email
+    backend must work where it is not installed, although the console's pages then cannot register."""
+    (tmp_path / "settings_without_admin.py").write_text(
+        "from tests.settings import *  # noqa: F403\n"
+        'INSTALLED_APPS = [app for app in INSTALLED_APPS if app != "django.contrib.admin"]  # noqa: F405\n'
+    )
+    env = {**worker_env(), "DJANGO_SETTINGS_MODULE": "settings_without_admin", "PYTHONPATH": f"{tmp_path}:{ROOT}"}
+    command = [sys.executable, "-c", _WITHOUT_ADMIN]
+    done = subprocess.run(command, cwd=ROOT, env=env, capture_output=True, text=True, timeout=60)
+    assert done.returncode == 0, done.stderr
+    assert json.loads(done.stdout)["counts"]["pending"] == 1
 
 
 def test_minutes_cover_the_last_hour_without_gaps():

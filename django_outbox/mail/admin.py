@@ -6,7 +6,7 @@ an email neither runs its code nor fires its tracking pixels.
 
 ``view_outboxemail`` shows who got which email and what became of it; the body, HTML, Bcc, the preview
 and the view-in-browser link (which opens the HTML for anyone) need ``view_message_content``, and each
-page that shows them is audited (``django_outbox.redaction``).
+page that shows them is audited (``django_outbox.admin.redaction``).
 """
 
 from __future__ import annotations
@@ -21,8 +21,8 @@ from django.urls import NoReverseMatch, URLPattern, path, reverse
 from django.utils.html import format_html, format_html_join
 from django.utils.safestring import SafeString
 
-from ..admin import ContentProtectedAdmin, disclosure, error_block
-from ..redaction import HIDDEN, Disclosure, email_recipients, log_reveal
+from ..admin.display import ContentProtectedAdmin, disclosure, error_block
+from ..admin.redaction import HIDDEN, Disclosure, email_recipients, log_reveal
 from .links import view_url
 from .models import OutboxEmail
 from .views import PREVIEW_POLICY, html_response

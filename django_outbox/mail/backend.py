@@ -19,8 +19,8 @@ from django.db import transaction
 from ..api import outbox
 from ..conf import EMAIL_TOPIC, get_settings
 from ..exceptions import IdempotencyConflictError
-from ..redaction import PASSWORD_RESET, sent_by_password_reset_form
 from .links import IDEMPOTENCY_PREFIX, find_view_id, new_view_id
+from .password_reset import PASSWORD_RESET, sent_by_password_reset_form
 from .payload import header, html_of, to_payload
 
 

@@ -7,7 +7,7 @@ from typing import Any
 
 from django.core.management.base import BaseCommand, CommandError, CommandParser
 
-from django_outbox import overview
+from django_outbox.admin import overview
 from django_outbox.conf import get_settings
 
 

@@ -1,6 +1,6 @@
 """The archive in the admin: finished messages kept for audit, read-only, with their attempts.
 
-Content is protected here as in the message admin (``django_outbox.redaction``): an archived email
+Content is protected here as in the message admin (``django_outbox.admin.redaction``): an archived email
 keeps its reset link for the whole retention period.
 """
 
@@ -14,9 +14,9 @@ from django.http import HttpRequest
 from django.utils.safestring import SafeString
 from django.utils.translation import gettext_lazy as _
 
-from .admin import ContentProtectedAdmin, disclosure, error_block, exact_match, pretty_json, status_badge
-from .counting import EstimatingPaginator
-from .retention.models import ArchivedAttempt, ArchivedMessage
+from ..admin.counting import EstimatingPaginator
+from ..admin.display import ContentProtectedAdmin, disclosure, error_block, exact_match, pretty_json, status_badge
+from .models import ArchivedAttempt, ArchivedMessage
 
 
 class ReadOnly:
@@ -77,7 +77,7 @@ class ArchivedMessageAdmin(ContentProtectedAdmin, ReadOnly, admin.ModelAdmin):  
     readonly_fields = fields
 
     class Media:
-        css = {"all": ["django_outbox/admin.css"]}  # noqa: RUF012  (Django reads it as is)
+        css = {"all": ["django_outbox/admin.css"]}
 
     def get_search_results(
         self, request: HttpRequest, queryset: QuerySet[ArchivedMessage], search_term: str

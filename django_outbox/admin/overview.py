@@ -15,9 +15,9 @@ from typing import Any
 from django.db.models import Count, Exists, Max, Min, OuterRef, Q, QuerySet
 from django.db.models.functions import TruncMinute
 
-from . import store
+from .. import store
+from ..models import Attempt, Message, Worker
 from .counting import EXACT_COUNT_CAP, Tally, tally
-from .models import Attempt, Message, Worker
 
 #: A worker whose heartbeat is older than this is shown as gone. Workers beat every 5 seconds at most.
 STALE_AFTER_SECONDS = 30.0
@@ -221,7 +221,7 @@ def _held_by_key(due: QuerySet[Message], behind: Exists, *, cap: int | None = No
 
 def _behind_their_key(messages: QuerySet[Message]) -> Exists:
     """A keyed message with an earlier message of its key that holds it back: the claim's own rule."""
-    from .store import blocking_statuses
+    from ..store import blocking_statuses
 
     return Exists(
         messages.filter(key=OuterRef("key"), id__lt=OuterRef("id"), status__in=blocking_statuses()).values("id")
@@ -230,7 +230,7 @@ def _behind_their_key(messages: QuerySet[Message]) -> Exists:
 
 def blocked_keys(using: str = "default", *, limit: int = MAX_BLOCKED_KEYS_SHOWN) -> list[BlockedKey]:
     """Keys whose delivery stopped at a dead message, oldest first; none under ORDERING "skip_dead"."""
-    from .conf import get_settings
+    from ..conf import get_settings
 
     if get_settings().ORDERING != "block":
         return []

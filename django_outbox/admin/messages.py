@@ -1,4 +1,4 @@
-"""The outbox console: a read-only audit log, retry and cancel actions, and a live overview page.
+"""The messages in the admin: a read-only audit log, retry and cancel actions, and a live overview page.
 
 Nothing here edits a message. State changes go through ``store.retry`` / ``store.cancel`` /
 ``store.requeue_dead``, the functions the relay's rules are written in, so a leased or delivered message
@@ -8,8 +8,6 @@ in Django's admin log under the user who ran it.
 
 from __future__ import annotations
 
-import json
-import uuid as uuid_module
 from collections.abc import Iterable, Sequence
 from typing import Any
 
@@ -18,22 +16,30 @@ from django.contrib import admin, messages
 from django.contrib.admin import helpers
 from django.contrib.admin.models import CHANGE, LogEntry
 from django.core.exceptions import PermissionDenied
-from django.core.serializers.json import DjangoJSONEncoder
-from django.db.models import Q, QuerySet
+from django.db.models import QuerySet
 from django.http import HttpRequest, HttpResponse, HttpResponseRedirect
 from django.template.response import TemplateResponse
 from django.urls import URLPattern, path, reverse
-from django.utils.html import format_html
 from django.utils.safestring import SafeString
 from django.utils.text import Truncator
 from django.utils.translation import gettext, ngettext
 from django.utils.translation import gettext_lazy as _
 
-from . import overview, store
+from .. import store
+from ..models import Message
+from . import overview
 from .charts import throughput_svg
 from .counting import EstimatingPaginator, distinct_values
-from .models import Message
-from .redaction import Disclosure, log_reveal, protection, protects_topic
+from .display import (
+    DISCLOSURE_ATTR,
+    ContentProtectedAdmin,
+    disclosure,
+    error_block,
+    exact_match,
+    pretty_json,
+    status_badge,
+)
+from .redaction import Disclosure, protection, protects_topic
 
 #: One action (or "select all") changes at most this many messages; beyond it, requeue by topic.
 MAX_ACTION_MESSAGES = 100_000
@@ -51,94 +57,6 @@ _REFUSAL: dict[str, str] = {
     Message.Status.PENDING: "pending",
     Message.Status.DEAD: "dead",
 }
-
-
-def status_badge(status: str) -> SafeString:
-    label = Message.Status(status).label if status in Message.Status.values else status
-    return format_html('<span class="outbox-badge outbox-{}">{}</span>', status, label)
-
-
-def exact_match(search_term: str) -> Q | None:
-    """The admin search of messages (live or archived): exact matches on indexed columns only, since
-    ``icontains`` would scan the whole table. None for an empty term."""
-    term = search_term.strip()
-    if not term:
-        return None
-    match = Q(idempotency_key=term) | Q(key=term) | Q(topic=term)
-    try:
-        match |= Q(uuid=uuid_module.UUID(term))
-    except ValueError:
-        pass
-    if term.isdigit() and int(term) < 2**63:
-        match |= Q(id=int(term))
-    return match
-
-
-def error_block(text: str) -> SafeString | str:
-    return format_html('<pre class="outbox-error">{}</pre>', text) if text else "-"
-
-
-def pretty_json(value: object) -> SafeString:
-    text = json.dumps(value, indent=2, ensure_ascii=False, sort_keys=True, cls=DjangoJSONEncoder)
-    return format_html('<pre class="outbox-json">{}</pre>', text)
-
-
-#: Fields no list may be filtered on from the URL (``?payload__body__contains=...``): one request per
-#: guessed character would read what the page hides. Django allows any lookup on a model's own fields.
-CONTENT_LOOKUPS = frozenset({"payload", "headers", "last_error", "error", "attempt_log"})
-_DISCLOSURE = "_outbox_disclosure"
-
-
-def disclosure(obj: Any) -> Disclosure:
-    """What the current request may see of ``obj``; as for a view-only user unless the admin said otherwise."""
-    found = getattr(obj, _DISCLOSURE, None)
-    if isinstance(found, Disclosure):
-        return found
-    return Disclosure(
-        topic=obj.topic,
-        payload=obj.payload,
-        headers=obj.headers,
-        reason=protection(obj.topic, obj.payload, obj.headers),
-        allowed=False,
-    )
-
-
-class ContentProtectedAdmin:
-    """The part of a message admin that decides, per request, what of a message's content it shows.
-
-    Each object the page shows carries a ``Disclosure`` for the user who asked; fields read it and fail
-    closed when it is missing. Showing protected content writes one audit record per page.
-    """
-
-    #: The page name in audit records.
-    audit_view = "message"
-
-    def lookup_allowed(self, lookup: str, value: str, request: HttpRequest | None = None) -> bool:
-        if lookup.split("__", 1)[0] in CONTENT_LOOKUPS:
-            return False
-        return bool(super().lookup_allowed(lookup, value, request))  # type: ignore[misc]
-
-    def get_object(self, request: HttpRequest, object_id: str, from_field: str | None = None) -> Any:
-        obj = super().get_object(request, object_id, from_field)  # type: ignore[misc]
-        if obj is not None:
-            setattr(obj, _DISCLOSURE, Disclosure.of(obj, request.user))
-        return obj
-
-    def render_change_form(
-        self,
-        request: HttpRequest,
-        context: dict[str, Any],
-        add: bool = False,
-        change: bool = False,
-        form_url: str = "",
-        obj: Any = None,
-    ) -> HttpResponse:
-        response: HttpResponse = super().render_change_form(  # type: ignore[misc]
-            request, context, add=add, change=change, form_url=form_url, obj=obj
-        )
-        if obj is not None and disclosure(obj).reveals:
-            log_reveal(request, obj, disclosure(obj), view=self.audit_view)
-        return response
 
 
 class TopicFilter(admin.SimpleListFilter):
@@ -275,7 +193,7 @@ class MessageAdmin(ContentProtectedAdmin, admin.ModelAdmin):  # type: ignore[typ
             reason = protection(m.topic, payload, headers) if m.pk in content else None
             setattr(
                 m,
-                _DISCLOSURE,
+                DISCLOSURE_ATTR,
                 Disclosure(topic=m.topic, payload=payload, headers=headers, reason=reason, allowed=False),
             )
         return changelist
@@ -293,7 +211,7 @@ class MessageAdmin(ContentProtectedAdmin, admin.ModelAdmin):  # type: ignore[typ
     @admin.display(description=_("last error"))
     def error_excerpt(self, obj: Message) -> str:
         error = obj.last_error
-        if error and not isinstance(getattr(obj, _DISCLOSURE, None), Disclosure) and protects_topic(obj.topic):
+        if error and not isinstance(getattr(obj, DISCLOSURE_ATTR, None), Disclosure) and protects_topic(obj.topic):
             return gettext("(open the message)")  # shown outside the list page: nothing here to mask it with
         lines = [line for line in disclosure(obj).shown_error(error).strip().splitlines() if line.strip()]
         return Truncator(lines[-1] if lines else "").chars(ERROR_EXCERPT_CHARS)
@@ -523,8 +441,3 @@ class MessageAdmin(ContentProtectedAdmin, admin.ModelAdmin):  # type: ignore[typ
 def _chunks(ids: Sequence[int]) -> Iterable[list[int]]:
     for start in range(0, len(ids), ACTION_CHUNK):
         yield list(ids[start : start + ACTION_CHUNK])
-
-
-# The email log and the archive register themselves on import.
-from . import archive_admin as _archive_admin  # noqa: E402, F401
-from .mail import admin as _mail_admin  # noqa: E402, F401

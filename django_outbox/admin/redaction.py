@@ -18,16 +18,15 @@ from __future__ import annotations
 import functools
 import logging
 import re
-import sys
 from collections.abc import Iterable, Iterator
 from dataclasses import dataclass
 from typing import Any
 
-from django.apps import apps
 from django.utils import timezone
 
-from .conf import EMAIL_TOPIC, get_settings
-from .routing import matches
+from ..conf import EMAIL_TOPIC, get_settings
+from ..mail.password_reset import PASSWORD_RESET
+from ..routing import matches
 
 CONTENT_PERMISSION = "django_outbox.view_message_content"
 AUDIT_LOGGER = "django_outbox.audit"
@@ -40,7 +39,6 @@ MASK = "[hidden]"
 
 # Why a message's content is protected (the audit records' ``reason``).
 EMAIL = "email"
-PASSWORD_RESET = "password reset"  # also the stored email's "protected" mark
 SENSITIVE_TOPIC = "sensitive topic"
 SECRET_HEADER = "secret header"
 
@@ -54,9 +52,6 @@ _EDGES = ".@+%~-_"  # punctuation that ends a sentence or joins a word to its ne
 #: Other hidden values are masked when repeated whole, from this length (Bcc addresses always) up to the next.
 _MIN_EXACT = 4
 _MAX_EXACT = 64
-#: How far up the stack the email backend looks for the form that sends password-reset mail.
-_STACK_DEPTH = 60
-_RESET_FORM_METHODS = frozenset({"send_mail", "save"})
 
 
 def can_view_content(user: Any) -> bool:
@@ -87,27 +82,6 @@ def protection(topic: str, payload: object, headers: object) -> str | None:
     if isinstance(headers, dict) and any(is_secret_header(name) for name in headers):
         return SECRET_HEADER
     return None
-
-
-def sent_by_password_reset_form() -> bool:
-    """Whether the email being written comes from Django's ``PasswordResetForm`` (or a subclass).
-
-    Recognised by the form on the call stack, not by the subject or the template, which every project
-    changes: the form's ``send_mail()`` or ``save()`` is running while the backend writes the email.
-    """
-    if not apps.is_installed("django.contrib.auth"):
-        return False
-    from django.contrib.auth.forms import PasswordResetForm
-
-    frame = sys._getframe(1)
-    for _ in range(_STACK_DEPTH):
-        if frame is None:
-            return False
-        # The name first: only the frames of the form's own two methods have their locals read.
-        if frame.f_code.co_name in _RESET_FORM_METHODS and isinstance(frame.f_locals.get("self"), PasswordResetForm):
-            return True
-        frame = frame.f_back  # type: ignore[assignment]
-    return False
 
 
 @dataclass(frozen=True, kw_only=True)
