@@ -2,7 +2,7 @@
 """Developer entry point that needs nothing but Python 3.11+.
 
     python3 dev.py demo     # make .venv, migrate a SQLite demo database, place orders, relay them
-    python3 dev.py test     # ruff, mypy, then the test suite on SQLite and PostgreSQL (and Django 6.x),
+    python3 dev.py test     # ruff, mypy, the docs site, then the test suite on SQLite and PostgreSQL (and Django 6.x),
                             # and its core modules through PgBouncer in transaction and session pooling
     python3 dev.py test --pooler transaction -- tests/test_inbox.py   # one module through the pooler
 
@@ -15,6 +15,7 @@ from __future__ import annotations
 import argparse
 import hashlib
 import os
+import re
 import shutil
 import socket
 import subprocess
@@ -80,17 +81,34 @@ def find_python(min_minor: int) -> str | None:
     return None
 
 
-def ensure_venv(path: Path, python: str, django_spec: str) -> Path:
-    """Create or refresh a virtualenv with the project installed in editable mode."""
-    stamp_text = hashlib.sha256((ROOT / "pyproject.toml").read_bytes() + django_spec.encode()).hexdigest()
+def ensure_venv(path: Path, python: str, django_spec: str, group: str = "dev") -> Path:
+    """Create or refresh a virtualenv with the project installed in editable mode, and one of
+    pyproject.toml's dependency groups (``dev``: tests, lint and docs; ``test``: the tests only)."""
+    stamp_text = hashlib.sha256(
+        (ROOT / "pyproject.toml").read_bytes()
+        + re.findall(rb"^__version__ = .*$", (ROOT / "django_outbox" / "__init__.py").read_bytes(), re.M)[0]
+        + f"{django_spec} {group}".encode()
+    ).hexdigest()
     stamp = path / ".dev-stamp"
     bin_python = path / "bin" / "python"
     if bin_python.exists() and stamp.exists() and stamp.read_text() == stamp_text:
         return bin_python
     if not bin_python.exists():
         run(python, "-m", "venv", path)
-    run(bin_python, "-m", "pip", "install", "--quiet", "--upgrade", "pip")
-    run(bin_python, "-m", "pip", "install", "--quiet", "-e", f"{ROOT}[dev]", django_spec)
+    # Dependency groups (PEP 735) need pip 25.1 or later: a venv's own pip may be older.
+    run(bin_python, "-m", "pip", "install", "--quiet", "--upgrade", "pip>=25.1")
+    run(
+        bin_python,
+        "-m",
+        "pip",
+        "install",
+        "--quiet",
+        "-e",
+        ROOT,
+        "--group",
+        f"{ROOT / 'pyproject.toml'}:{group}",
+        django_spec,
+    )
     stamp.write_text(stamp_text)
     return bin_python
 
@@ -124,6 +142,8 @@ def cmd_test(args: argparse.Namespace) -> None:
         run(python, "-m", "ruff", "check", ".")
         run(python, "-m", "ruff", "format", "--check", ".")
         run(python, "-m", "mypy", ".")
+        # The docs site: any broken link, anchor or page left out of the nav fails the build.
+        run(python, "-m", "mkdocs", "build", "--strict", "--quiet", env={"NO_MKDOCS_2_WARNING": "1"})
     pg_url = os.environ.get("DATABASE_URL") or DEFAULT_PG_URL
     have_pg = postgres_reachable(pg_url)
     if not have_pg:
@@ -158,7 +178,7 @@ def cmd_test(args: argparse.Namespace) -> None:
                 sys.exit("Django 6.x needs Python 3.12+, and none was found; under CI=true that is a failure.")
             print("! no Python 3.12+ found: skipping the Django 6.x run", flush=True)
         else:
-            python6 = ensure_venv(ROOT / ".venv-django6", newer, "django>=6,<7")
+            python6 = ensure_venv(ROOT / ".venv-django6", newer, "django>=6,<7", group="test")
             if args.database in ("all", "postgresql") and have_pg:
                 runs.append(("Django 6.x / PostgreSQL", python6, {"DATABASE_URL": pg_url}))
             if args.database in ("all", "sqlite"):

@@ -4,6 +4,8 @@
 at least once. See docs/ for the guarantees.
 """
 
+__version__ = "0.1.0"
+
 from .api import Outbox, outbox
 from .exceptions import (
     DeliveryError,

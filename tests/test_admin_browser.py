@@ -35,7 +35,7 @@ def browser() -> Iterator[Browser]:
         try:
             import playwright  # noqa: F401
         except ImportError:
-            missing = "the playwright package is not installed (pip install -e '.[dev]')"
+            missing = "the playwright package is not installed (pip install --group test, as python3 dev.py does)"
     if missing:
         if IN_CI:
             pytest.fail(f"{missing}; under CI=true this is a failure")
