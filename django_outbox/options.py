@@ -107,7 +107,8 @@ class Option:
             text = " or ".join(self._noun(k) for k in kinds)
         if self.minimum is not None:
             low, high = _g(self.minimum), _g(self.maximum) if self.maximum is not None else "any"
-            text += f" above {low} and at most {high}" if self.above else f" from {low} to {high}"
+            above = self.above or self.duration  # a duration is always more than 0
+            text += f" above {low} and at most {high}" if above else f" from {low} to {high}"
         if self.max_bytes is not None:
             text += f" of at most {self.max_bytes} bytes in UTF-8"
         return text
