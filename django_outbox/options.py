@@ -104,7 +104,7 @@ class Option:
         if self.duration:
             text = "a timedelta or number of seconds"
         else:
-            text = " or ".join(self._noun(k) for k in kinds)
+            text = " or ".join(dict.fromkeys(self._noun(k) for k in kinds))  # list and tuple read alike
         if self.minimum is not None:
             low, high = _g(self.minimum), _g(self.maximum) if self.maximum is not None else "any"
             above = self.above or self.duration  # a duration is always more than 0
