@@ -1,66 +1,36 @@
-"""System checks: every configuration mistake is reported by ``manage.py check`` with a stable id.
+"""The core system checks: the settings, each transport's options, the database and its LISTEN.
 
-The ids are listed in docs/checks.md. The worker command runs them before it starts.
+Every configuration mistake is reported by ``manage.py check`` with a stable id, listed in
+docs/checks.md; the worker command runs the checks before it starts. Other features register their
+own checks with ``options.register_check`` in their own modules (``inbox_checks``), which
+``OutboxConfig.ready()`` imports.
 """
 
 from __future__ import annotations
 
-import functools
-import logging
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Mapping, Sequence
 from typing import Any
 
 from django.apps import AppConfig
 from django.conf import settings
-from django.core.checks import CheckMessage, Error, Tags, Warning, register
+from django.core.checks import CheckMessage, Error, Tags, Warning
 
 from . import conf
 from .exceptions import MissingExtraError, OutboxImproperlyConfigured
+from .options import check_failed, register_check
 from .store import SUPPORTED_VENDORS
 
-logger = logging.getLogger("django_outbox.checks")
-
-Check = Callable[..., list[CheckMessage]]
-
-
-def check_failed(what: str, exc: Exception, *, obj: object = None) -> Error:
-    """E007: ``what`` raised instead of reporting; the problem it looked for may still be there."""
-    detail = f"{type(exc).__name__}: {str(exc).strip()[:500]}".rstrip(": ")
-    logger.error("the check %s failed to run", what, exc_info=exc)
-    return Error(
-        f"The check {what} failed to run: {detail}",
-        hint="What it checks is unverified; the other checks still ran. The traceback is logged to the "
-        "'django_outbox.checks' logger; fix the setting it names, or report the bug with that traceback.",
-        id="django_outbox.E007",
-        obj=obj,
-    )
-
-
-def register_check(*tags: str) -> Callable[[Check], Check]:
-    """``django.core.checks.register``, but a check that raises reports E007 instead of aborting ``check``.
-
-    A traceback out of ``run_checks()`` stops ``manage.py check``, ``migrate`` and the worker's start
-    without saying which setting is wrong, and hides every other check's findings.
-    """
-
-    def decorate(check: Check) -> Check:
-        @functools.wraps(check)
-        def guarded(app_configs: Sequence[AppConfig] | None = None, **kwargs: Any) -> list[CheckMessage]:
-            try:
-                return list(check(app_configs, **kwargs))
-            except Exception as exc:
-                return [check_failed(f"{check.__module__}.{check.__qualname__}", exc)]
-
-        guarded.outbox_guarded = True  # type: ignore[attr-defined]
-        register(*tags)(guarded)
-        return guarded
-
-    return decorate
+#: The outbox database is neither PostgreSQL nor SQLite.
+UNSUPPORTED_DATABASE = "django_outbox.E005"
+#: SQLite with deferred transactions: concurrent writers may hit "database is locked".
+SQLITE_DEFERRED = "django_outbox.W001"
+#: The workers' LISTEN hears nothing sent through OUTBOX["DATABASE"]: they will only poll.
+LISTEN_HEARS_NOTHING = "django_outbox.W002"
 
 
 @register_check(Tags.compatibility)
 def check_settings(app_configs: Sequence[AppConfig] | None = None, **kwargs: Any) -> list[CheckMessage]:
-    found: list[CheckMessage] = [Error(p.msg, hint=p.hint, id=p.id) for p in conf.problems()]
+    found: list[CheckMessage] = [p.error() for p in conf.problems()]
     if found:
         return found
     outbox_settings = conf.get_settings()
@@ -76,7 +46,7 @@ def check_settings(app_configs: Sequence[AppConfig] | None = None, **kwargs: Any
                 Error(
                     str(exc),
                     hint="Check the dotted path, and install the extra it names.",
-                    id="django_outbox.E012" if missing_extra else "django_outbox.E011",
+                    id=conf.MISSING_EXTRA if missing_extra else conf.BAD_BACKEND,
                     obj=where,
                 )
             )
@@ -127,7 +97,7 @@ def check_listen(
             "milliseconds after its commit.",
             hint="Add a DATABASES alias that reaches the same server directly and name it in "
             "OUTBOX['LISTEN_DATABASE'] (docs/deploying.md).",
-            id="django_outbox.W002",
+            id=LISTEN_HEARS_NOTHING,
         )
     ]
 
@@ -147,7 +117,7 @@ def database_messages(alias: str, db: Mapping[str, Any]) -> list[CheckMessage]:
             Error(
                 f"The outbox database {alias!r} uses {engine}; django_outbox supports PostgreSQL and SQLite.",
                 hint="Point OUTBOX['DATABASE'] at a supported database.",
-                id="django_outbox.E005",
+                id=UNSUPPORTED_DATABASE,
             )
         ]
     if vendor == "sqlite" and db.get("OPTIONS", {}).get("transaction_mode") != "IMMEDIATE":
@@ -157,10 +127,7 @@ def database_messages(alias: str, db: Mapping[str, Any]) -> list[CheckMessage]:
                 "fail with 'database is locked'.",
                 hint="Set DATABASES[...]['OPTIONS'] = {'transaction_mode': 'IMMEDIATE', 'timeout': 20, "
                 "'init_command': 'PRAGMA journal_mode=WAL;'} (docs/settings.md#sqlite).",
-                id="django_outbox.W001",
+                id=SQLITE_DEFERRED,
             )
         ]
     return []
-
-
-from . import inbox_checks  # noqa: E402, F401  (registers the inbox and idempotency checks, with register_check)

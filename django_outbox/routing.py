@@ -16,7 +16,7 @@ from typing import TYPE_CHECKING
 
 from django.core.signals import setting_changed
 
-from .conf import EMAIL_TOPIC, EMAIL_TRANSPORT, HANDLER_TRANSPORT, get_settings
+from .conf import BAD_BACKEND, EMAIL_TOPIC, EMAIL_TRANSPORT, HANDLER_TRANSPORT, get_settings
 from .exceptions import MissingExtraError, OutboxImproperlyConfigured, UnknownTopicError
 
 if TYPE_CHECKING:
@@ -107,7 +107,7 @@ def sending_transport(topic: str) -> str:
     if error is not None:
         raise OutboxImproperlyConfigured(
             f"Topic {topic!r} is routed to transport {name!r}, which cannot be loaded: {error} "
-            "(django_outbox.E011; run 'manage.py check'). Nothing was written."
+            f"({BAD_BACKEND}; run 'manage.py check'). Nothing was written."
         )
     return name
 

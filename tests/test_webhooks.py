@@ -276,7 +276,7 @@ def test_new_secrets_work_with_standardwebhooks():
     ("options", "expected"),
     [
         ({"URL": "https://h.example.com/in", "SECRET": SECRET}, set()),
-        ({"URL": "https://h.example.com/in"}, {"django_outbox.E041"}),
+        ({"URL": "https://h.example.com/in"}, {"django_outbox.E048"}),
         ({"URL": "ftp://h.example.com/in", "SECRET": SECRET}, {"django_outbox.E042"}),
         ({"URL": "https://h.example.com/in", "SECRET": "plain-text"}, {"django_outbox.E043"}),
         ({"RESOLVER": "no.such.resolver"}, {"django_outbox.E044"}),

@@ -9,7 +9,10 @@ from django.apps import AppConfig
 from django.core.checks import CheckMessage, Tags, Warning
 
 from . import conf
-from .checks import register_check
+from .options import register_check
+
+#: INBOX_RETENTION is shorter than this outbox may spend retrying one message.
+SHORT_INBOX_RETENTION = "django_outbox.W060"
 
 
 @register_check(Tags.compatibility)
@@ -26,7 +29,7 @@ def check_inbox_retention(app_configs: Sequence[AppConfig] | None = None, **kwar
             f"OUTBOX['INBOX_RETENTION'] ({s.INBOX_RETENTION}) is shorter than the {span:.0f} seconds this outbox may "
             "spend retrying one message, so a late redelivery could be processed twice.",
             hint="Keep inbox receipts longer than any producer keeps retrying (the default is 7 days).",
-            id="django_outbox.W060",
+            id=SHORT_INBOX_RETENTION,
         )
     ]
 

@@ -12,17 +12,18 @@ batch fails at once with the same reason instead of waiting that long again, ema
 
 from __future__ import annotations
 
-import math
 import smtplib
 from collections.abc import Mapping, Sequence
-from typing import TYPE_CHECKING, Any
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any, ClassVar
 
 from django.core.checks import CheckMessage, Error, Warning
 from django.core.mail.backends.base import BaseEmailBackend
 from django.utils.module_loading import import_string
 
 from ..conf import get_settings
-from ..exceptions import DeliveryError, OutboxImproperlyConfigured, PermanentDeliveryError, TransientDeliveryError
+from ..exceptions import DeliveryError, PermanentDeliveryError, TransientDeliveryError
+from ..options import option
 from ..transports.base import BatchTransport
 from ..transports.deadlines import Watchdog
 from .deadline import with_deadline
@@ -34,7 +35,24 @@ if TYPE_CHECKING:
 DEFAULT_TIMEOUT = 60.0
 #: A day: beyond that a number is a mistake (and ``threading.Timer`` refuses what overflows its clock).
 MAX_TIMEOUT = 86400.0
-_OPTIONS = frozenset({"TIMEOUT"})
+
+#: The check ids of email (docs/checks.md).
+BAD_EMAIL_BACKEND = "django_outbox.E040"
+#: The email transport's configuration: ``EMAIL_MAILER`` on an old Django or naming no mailer, or its OPTIONS.
+BAD_EMAIL_CONFIG = "django_outbox.E041"
+NO_BROWSER_LINKS = "django_outbox.W040"
+
+
+@dataclass(frozen=True, kw_only=True)
+class EmailOptions:
+    """The email transport's ``OPTIONS``; the backend that really sends is ``OUTBOX["EMAIL_BACKEND"]``."""
+
+    #: Seconds per email for connecting, the whole SMTP dialogue and closing.
+    timeout: float = option(
+        DEFAULT_TIMEOUT, kind=float, minimum=0, above=True, maximum=MAX_TIMEOUT, hint="Example: 'TIMEOUT': 60."
+    )
+
+
 OWN_BACKEND = "django_outbox.mail.EmailBackend"
 _OWN_BACKENDS = {OWN_BACKEND, "django_outbox.mail.backend.EmailBackend"}
 
@@ -81,13 +99,14 @@ def real_backend() -> BaseEmailBackend:
 
 
 class EmailTransport(BatchTransport):
+    options_class: ClassVar[type | None] = EmailOptions
+    unknown_option_id: ClassVar[str] = BAD_EMAIL_CONFIG
+    bad_option_id: ClassVar[str] = BAD_EMAIL_CONFIG
+
     def __init__(self, *, name: str, options: Mapping[str, Any]) -> None:
         super().__init__(name=name, options=options)
-        found = _option_errors(name, options)
-        if found:  # as the brokers do: a worker started without 'manage.py check' still refuses bad options
-            first = found[0]
-            raise OutboxImproperlyConfigured(f"{first.msg} {first.hint or ''} ({first.id}; run 'manage.py check')")
-        self.timeout = float(options.get("TIMEOUT", DEFAULT_TIMEOUT))
+        self.settings: EmailOptions
+        self.timeout = self.settings.timeout
         self._backend: BaseEmailBackend | None = None
         self._watchdog = Watchdog()
 
@@ -170,14 +189,14 @@ class EmailTransport(BatchTransport):
         import django
 
         conf = get_settings()
-        found: list[CheckMessage] = [*_option_errors(name, options), *_link_warnings()]
+        found: list[CheckMessage] = [*super().check(name, options), *_link_warnings()]
         if conf.EMAIL_MAILER:
             if django.VERSION < (6, 1):
                 found.append(
                     Error(
                         "OUTBOX['EMAIL_MAILER'] needs Django 6.1 or later (settings.MAILERS).",
                         hint="Name the real backend with OUTBOX['EMAIL_BACKEND'] instead.",
-                        id="django_outbox.E041",
+                        id=BAD_EMAIL_CONFIG,
                     )
                 )
             else:
@@ -189,7 +208,7 @@ class EmailTransport(BatchTransport):
                         Error(
                             f"OUTBOX['EMAIL_MAILER'] names {conf.EMAIL_MAILER!r}, which is not in settings.MAILERS.",
                             hint="Add that mailer, pointing at the backend that really sends (e.g. SMTP).",
-                            id="django_outbox.E041",
+                            id=BAD_EMAIL_CONFIG,
                         )
                     )
                 elif config.get("BACKEND") in _OWN_BACKENDS:
@@ -205,7 +224,7 @@ class EmailTransport(BatchTransport):
                     f"OUTBOX['EMAIL_BACKEND'] {conf.EMAIL_BACKEND!r} cannot be imported: {exc}",
                     hint="Name the email backend the worker should send with, e.g. "
                     "'django.core.mail.backends.smtp.EmailBackend'.",
-                    id="django_outbox.E040",
+                    id=BAD_EMAIL_BACKEND,
                 )
             )
         return found
@@ -221,39 +240,6 @@ def _unreachable(result: BaseException | None) -> bool:
         return True
     cause = result.__cause__ if isinstance(result, DeliveryError) else result
     return isinstance(cause, smtplib.SMTPServerDisconnected | smtplib.SMTPConnectError | ConnectionError | TimeoutError)
-
-
-def _option_errors(name: str, options: Mapping[str, Any]) -> list[CheckMessage]:
-    where = f"OUTBOX['TRANSPORTS'][{name!r}]['OPTIONS']"
-    found: list[CheckMessage] = []
-    unknown = sorted(set(options) - _OPTIONS, key=str)
-    if unknown:
-        found.append(
-            Error(
-                f"{where}: unknown option(s) {', '.join(map(str, unknown))} for the email transport.",
-                hint="Its only option is TIMEOUT (seconds per email); the backend is OUTBOX['EMAIL_BACKEND'].",
-                id="django_outbox.E041",
-                obj=where,
-            )
-        )
-    timeout = options.get("TIMEOUT", DEFAULT_TIMEOUT)
-    if (
-        isinstance(timeout, bool)
-        or not isinstance(timeout, int | float)
-        or not math.isfinite(timeout)
-        or timeout <= 0
-        or timeout > MAX_TIMEOUT
-    ):
-        found.append(
-            Error(
-                f"{where}['TIMEOUT'] must be a finite number of seconds above 0 and at most {MAX_TIMEOUT:g}, "
-                f"not {timeout!r}.",
-                hint="Example: 'TIMEOUT': 60.",
-                id="django_outbox.E041",
-                obj=where,
-            )
-        )
-    return found
 
 
 def _outbox_backend_in_use() -> bool:
@@ -282,7 +268,7 @@ def _link_warnings() -> list[CheckMessage]:
                 "Emails go through the outbox, but django_outbox.urls is not in the URLconf, so HTML emails "
                 "get no view-in-browser link.",
                 hint='Add path("outbox/", include("django_outbox.urls")) to your urlpatterns.',
-                id="django_outbox.W040",
+                id=NO_BROWSER_LINKS,
             )
         ]
     return []
@@ -293,5 +279,5 @@ def _loop_error(where: str) -> Error:
         f"{where} is the outbox's own email backend: the worker would write every email back to the outbox.",
         hint="Point it at the backend that really sends (e.g. django.core.mail.backends.smtp.EmailBackend); "
         "settings.EMAIL_BACKEND is the one that should be django_outbox.mail.EmailBackend.",
-        id="django_outbox.E040",
+        id=BAD_EMAIL_BACKEND,
     )

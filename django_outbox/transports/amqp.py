@@ -15,9 +15,8 @@ import time
 from collections.abc import Callable, Mapping, Sequence
 from typing import TYPE_CHECKING, Any, ClassVar
 
-from django.core.checks import CheckMessage
-
 from ..exceptions import MissingExtraError, TransientDeliveryError
+from ..options import Problem
 from .broker import (
     CONTENT_TYPE,
     MAX_NETWORK_TIMEOUT,
@@ -28,8 +27,7 @@ from .broker import (
     redact,
     render,
     text_headers,
-    unreadable_url_error,
-    url_error,
+    url_rules,
 )
 
 try:
@@ -53,7 +51,7 @@ AMQP_SHORTSTR_BYTES = 255
 
 @dataclasses.dataclass(frozen=True, kw_only=True)
 class AMQPOptions:
-    url: str = option(kind=str)
+    url: str = option(kind=str, rules=url_rules(("amqp", "amqps"), pika.URLParameters))
     exchange: str = option(kind=str, max_bytes=AMQP_SHORTSTR_BYTES)
     routing_key: str = option("{topic}", kind=str, template=True)
     declare_exchange: bool = option(False, kind=bool)
@@ -87,13 +85,8 @@ class AMQPTransport(BrokerTransport):
         self._results: list[Any] = []
 
     @classmethod
-    def check_combination(cls, name: str, options: Mapping[str, Any]) -> list[CheckMessage]:
-        found: list[CheckMessage] = []
-        problem = url_error(name, "URL", options["URL"], ("amqp", "amqps")) or unreadable_url_error(
-            name, "URL", options["URL"], pika.URLParameters
-        )
-        if problem:
-            found.append(problem)
+    def check_combination(cls, name: str, options: Mapping[str, Any]) -> list[Problem]:
+        found: list[Problem] = []
         if options.get("DECLARE_EXCHANGE") and options["EXCHANGE"] == "":
             found.append(
                 combination_error(

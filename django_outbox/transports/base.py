@@ -13,17 +13,45 @@ from typing import TYPE_CHECKING, Any, ClassVar
 
 from django.core.checks import CheckMessage
 
+from ..options import Problem, declared, raise_first, validate
+
 if TYPE_CHECKING:
     from ..models import Message
 
+#: A required option is missing (declared without a default, or in ``required_options``).
+MISSING_OPTION = "django_outbox.E013"
+#: An option the transport does not declare (often a typo, or a lower-case name).
+UNKNOWN_OPTION = "django_outbox.E050"
+#: A value of the wrong type or out of range, unless its option names an id of its own.
+BAD_OPTION = "django_outbox.E051"
+
 
 class BaseTransport:
-    #: Options that must be present in ``OPTIONS``; checked by ``manage.py check``.
+    """A destination; its ``OPTIONS`` are declared once, by ``options_class``, and checked from there.
+
+    ``options_class`` is a frozen dataclass of ``django_outbox.options.option()`` fields (lower-case
+    names, spelt in capitals in ``OPTIONS``); the transport reads the parsed values as ``self.settings``.
+    A transport that declares none (a third party's, say) takes any ``OPTIONS`` and may list the ones
+    it needs in ``required_options``.
+    """
+
+    #: The options this transport takes; None: any (only ``required_options`` are checked).
+    options_class: ClassVar[type | None] = None
+    #: Options that must be present in ``OPTIONS`` when no ``options_class`` declares them.
     required_options: ClassVar[tuple[str, ...]] = ()
+    #: The check ids of an option the class does not declare, and of a value its option refuses.
+    unknown_option_id: ClassVar[str] = UNKNOWN_OPTION
+    bad_option_id: ClassVar[str] = BAD_OPTION
 
     def __init__(self, *, name: str, options: Mapping[str, Any]) -> None:
         self.name = name
         self.options = options
+        self.settings: Any = None
+        if self.options_class is not None:
+            # as check() says: a worker started without 'manage.py check' still refuses bad options
+            values, problems = self.option_problems(name, options)
+            raise_first(problems)
+            self.settings = self.options_class(**values)
 
     def deliver(self, message: Message) -> None:
         raise NotImplementedError(f"{type(self).__name__} must implement deliver()")
@@ -49,18 +77,44 @@ class BaseTransport:
 
     @classmethod
     def check(cls, name: str, options: Mapping[str, Any]) -> list[CheckMessage]:
-        """Configuration problems, reported by ``manage.py check`` before any worker starts."""
-        from django.core.checks import Error
+        """Configuration problems, reported by ``manage.py check`` before any worker starts.
 
-        return [
-            Error(
-                f"Transport {name!r} ({cls.__module__}.{cls.__qualname__}) needs OPTIONS[{option!r}].",
-                hint=f"Add {option!r} to OUTBOX['TRANSPORTS'][{name!r}]['OPTIONS'].",
-                id="django_outbox.E013",
-            )
-            for option in cls.required_options
-            if option not in options
-        ]
+        A subclass adding checks of its own extends this (``[*super().check(name, options), ...]``).
+        """
+        where = f"OUTBOX['TRANSPORTS'][{name!r}]['OPTIONS']"
+        _, problems = cls.option_problems(name, options)
+        return [p.error(obj=where) for p in problems]
+
+    @classmethod
+    def option_problems(cls, name: str, options: Mapping[str, Any]) -> tuple[dict[str, Any], list[Problem]]:
+        """The declared options' values and every problem with ``options``; the combination is checked
+        only once each option is valid alone."""
+        where = f"OUTBOX['TRANSPORTS'][{name!r}]['OPTIONS']"
+        owner = f"Transport {name!r} ({cls.__module__}.{cls.__qualname__})"
+        if cls.options_class is None:
+            missing = [
+                Problem(MISSING_OPTION, f"{owner} needs OPTIONS[{key!r}].", f"Add {key!r} to {where}.")
+                for key in cls.required_options
+                if key not in options
+            ]
+            return {}, missing
+        values, problems = validate(
+            declared(cls.options_class),
+            options,
+            where=where,
+            unknown_id=cls.unknown_option_id,
+            invalid_id=cls.bad_option_id,
+            missing_id=MISSING_OPTION,
+            owner=owner,
+        )
+        if not problems:
+            problems = cls.check_combination(name, options)
+        return values, problems
+
+    @classmethod
+    def check_combination(cls, name: str, options: Mapping[str, Any]) -> list[Problem]:
+        """Problems between options that are each valid alone; none by default."""
+        return []
 
     @classmethod
     def supports_batch(cls) -> bool:

@@ -14,7 +14,8 @@ from __future__ import annotations
 import asyncio
 import inspect
 from collections.abc import Awaitable
-from typing import TYPE_CHECKING
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, ClassVar
 
 from asgiref.sync import async_to_sync
 
@@ -27,7 +28,14 @@ if TYPE_CHECKING:
     from ..models import Message
 
 
+@dataclass(frozen=True)
+class HandlerOptions:
+    """The handler transport takes no options: what it calls is registered with ``@outbox.handler``."""
+
+
 class HandlerTransport(BaseTransport):
+    options_class: ClassVar[type | None] = HandlerOptions
+
     def deliver(self, message: Message) -> None:
         func = registry.find(message.topic)
         if func is None:

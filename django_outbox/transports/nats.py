@@ -15,10 +15,9 @@ import dataclasses
 from collections.abc import Mapping, Sequence
 from typing import TYPE_CHECKING, Any, ClassVar
 
-from django.core.checks import CheckMessage, Error
-
-from ..conf import shown
 from ..exceptions import MissingExtraError, TransientDeliveryError
+from ..options import BAD_TEMPLATE, Problem, Rule, shown
+from .base import BAD_OPTION
 from .broker import (
     MAX_NETWORK_TIMEOUT,
     BrokerTransport,
@@ -27,8 +26,7 @@ from .broker import (
     option,
     render,
     text_headers,
-    unreadable_url_error,
-    url_error,
+    url_rules,
     wrap,
 )
 
@@ -52,19 +50,6 @@ MSG_ID_HEADER = "Nats-Msg-Id"
 CLOSE_GRACE_SECONDS = 2.0
 
 
-@dataclasses.dataclass(frozen=True, kw_only=True)
-class NATSOptions:
-    servers: str | tuple[str, ...] = option(kind=(str, list), items=str)
-    subject: str = option("{topic}", kind=str, template=True)
-    stream: str | None = option(None, kind=(str, type(None)))
-    create_stream: bool = option(False, kind=bool)
-    stream_subjects: tuple[str, ...] | None = option(None, kind=(list, type(None)), items=str)
-    #: NATS keeps it in nanoseconds (int64); a day is far more than any redelivery needs.
-    duplicate_window: float = option(120.0, kind=float, minimum=0.1, maximum=24 * 3600)
-    ack_timeout: float = option(10.0, kind=float, minimum=0.1, maximum=MAX_NETWORK_TIMEOUT)
-    connect_timeout: float = option(5.0, kind=float, minimum=0.1, maximum=MAX_NETWORK_TIMEOUT)
-
-
 def _is_stream_name(stream: str) -> bool:
     """What nats-py and the server take as a stream name (probed against the server, see the tests)."""
     return bool(stream) and not any(ch.isspace() or ch in ".*>/\\\x00" or not ch.isprintable() for ch in stream)
@@ -85,6 +70,52 @@ def _server_address(url: str) -> tuple[str, int | None]:
     return parts.hostname, parts.port  # .port raises ValueError when out of range
 
 
+def _stream_refused(stream: str) -> str | None:
+    return None if _is_stream_name(stream) else f"= {shown(stream)} is not a JetStream stream name."
+
+
+def _subject_refused(subject: str) -> str | None:
+    if _is_subject(subject.replace("{topic}", "topic")):
+        return None
+    return (
+        f"= {shown(subject)} is not a NATS subject: it has whitespace or an empty token ('a..b', a leading or "
+        "trailing '.')."
+    )
+
+
+@dataclasses.dataclass(frozen=True, kw_only=True)
+class NATSOptions:
+    servers: str | tuple[str, ...] = option(
+        kind=(str, list),
+        items=str,
+        nonempty=True,
+        nonempty_items=True,
+        rules=url_rules(("nats", "tls", "ws", "wss"), _server_address),
+    )
+    subject: str = option(
+        "{topic}", kind=str, template=True, rules=(Rule(BAD_TEMPLATE, _subject_refused, "Example: 'outbox.{topic}'."),)
+    )
+    stream: str | None = option(
+        None,
+        kind=(str, type(None)),
+        rules=(
+            Rule(
+                BAD_OPTION,
+                _stream_refused,
+                "Use letters, digits, '-' and '_' (no '.', '*', '>', '/', '\\', spaces or NUL).",
+            ),
+        ),
+    )
+    create_stream: bool = option(False, kind=bool)
+    stream_subjects: tuple[str, ...] | None = option(
+        None, kind=(list, type(None)), items=str, nonempty=True, nonempty_items=True
+    )
+    #: NATS keeps it in nanoseconds (int64); a day is far more than any redelivery needs.
+    duplicate_window: float = option(120.0, kind=float, minimum=0.1, maximum=24 * 3600)
+    ack_timeout: float = option(10.0, kind=float, minimum=0.1, maximum=MAX_NETWORK_TIMEOUT)
+    connect_timeout: float = option(5.0, kind=float, minimum=0.1, maximum=MAX_NETWORK_TIMEOUT)
+
+
 class NATSTransport(BrokerTransport):
     options_class: ClassVar[type] = NATSOptions
 
@@ -96,37 +127,8 @@ class NATSTransport(BrokerTransport):
         self._js: JetStreamContext | None = None
 
     @classmethod
-    def check_combination(cls, name: str, options: Mapping[str, Any]) -> list[CheckMessage]:
-        found: list[CheckMessage] = []
-        servers = options["SERVERS"]
-        for server in [servers] if isinstance(servers, str) else servers:
-            problem = url_error(name, "SERVERS", server, ("nats", "tls", "ws", "wss")) or unreadable_url_error(
-                name, "SERVERS", server, _server_address
-            )
-            if problem:
-                found.append(problem)
-        if isinstance(options.get("STREAM"), str) and not _is_stream_name(options["STREAM"]):
-            where = f"OUTBOX['TRANSPORTS'][{name!r}]['OPTIONS']"
-            found.append(
-                Error(
-                    f"{where}['STREAM'] = {shown(options['STREAM'])} is not a JetStream stream name.",
-                    hint="Use letters, digits, '-' and '_' (no '.', '*', '>', '/', '\\', spaces or NUL).",
-                    id="django_outbox.E051",
-                    obj=where,
-                )
-            )
-        subject = options.get("SUBJECT", "{topic}")
-        if not _is_subject(subject.replace("{topic}", "topic")):
-            where = f"OUTBOX['TRANSPORTS'][{name!r}]['OPTIONS']"
-            found.append(
-                Error(
-                    f"{where}['SUBJECT'] = {shown(subject)} is not a NATS subject: it has whitespace or an empty "
-                    "token ('a..b', a leading or trailing '.').",
-                    hint="Example: 'outbox.{topic}'.",
-                    id="django_outbox.E052",
-                    obj=where,
-                )
-            )
+    def check_combination(cls, name: str, options: Mapping[str, Any]) -> list[Problem]:
+        found: list[Problem] = []
         if options.get("CREATE_STREAM") and not (options.get("STREAM") and options.get("STREAM_SUBJECTS")):
             found.append(
                 combination_error(

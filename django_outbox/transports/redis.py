@@ -17,7 +17,6 @@ import json
 from collections.abc import Mapping, Sequence
 from typing import TYPE_CHECKING, Any, ClassVar
 
-from django.core.checks import CheckMessage
 from django.core.serializers.json import DjangoJSONEncoder
 
 from ..exceptions import MissingExtraError, TransientDeliveryError
@@ -28,8 +27,7 @@ from .broker import (
     option,
     redact,
     render,
-    unreadable_url_error,
-    url_error,
+    url_rules,
     wrap,
 )
 from .deadlines import Watchdog, active
@@ -53,7 +51,7 @@ MAX_TIMEOUT = 86400.0
 
 @dataclasses.dataclass(frozen=True, kw_only=True)
 class RedisStreamsOptions:
-    url: str = option(kind=str)
+    url: str = option(kind=str, rules=url_rules(("redis", "rediss", "unix"), redis.connection.parse_url))
     stream: str = option("outbox:{topic}", kind=str, template=True)
     #: Redis reads MAXLEN as a signed 64-bit integer.
     maxlen: int | None = option(None, kind=(int, type(None)), minimum=1, maximum=2**63 - 1)
@@ -99,13 +97,6 @@ class RedisStreamsTransport(BrokerTransport):
         self.settings: RedisStreamsOptions
         self._client: redis.Redis | None = None
         self._watchdog = Watchdog()
-
-    @classmethod
-    def check_combination(cls, name: str, options: Mapping[str, Any]) -> list[CheckMessage]:
-        problem = url_error(name, "URL", options["URL"], ("redis", "rediss", "unix")) or unreadable_url_error(
-            name, "URL", options["URL"], redis.connection.parse_url
-        )
-        return [problem] if problem else []
 
     @property
     def client(self) -> redis.Redis:

@@ -13,7 +13,6 @@ import datetime as dt
 import email.utils
 import ipaddress
 import json
-import math
 import socket
 import ssl
 import threading
@@ -21,15 +20,14 @@ import time
 import urllib.parse
 from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, ClassVar
 from urllib.parse import urlsplit
 
-from django.core.checks import CheckMessage, Error
 from django.core.serializers.json import DjangoJSONEncoder
 from django.utils.module_loading import import_string
 
-from ..conf import shown
 from ..exceptions import MissingExtraError, PermanentDeliveryError, TransientDeliveryError
+from ..options import Problem, Rule, option, shown
 from ..webhooks import secret_key, sign
 from .base import BaseTransport
 from .broker import MAX_NETWORK_TIMEOUT
@@ -51,7 +49,15 @@ DRAIN_MAX_BYTES = 64 * 1024
 WRITE_SLICE_BYTES = 16 * 1024
 RETRYABLE_STATUSES = frozenset({408, 429})
 USER_AGENT = "django-transactional-outbox webhook"
-_OPTIONS = frozenset({"URL", "SECRET", "TIMEOUT", "ALLOWED_HOSTS", "RESOLVER"})
+
+#: The check ids of the webhook transport's options (docs/checks.md).
+NO_TARGET = "django_outbox.E048"
+BAD_URL = "django_outbox.E042"
+BAD_SECRET = "django_outbox.E043"
+BAD_RESOLVER = "django_outbox.E044"
+BAD_TIMEOUT = "django_outbox.E045"
+BAD_ALLOWED_HOSTS = "django_outbox.E046"
+UNKNOWN_OPTION = "django_outbox.E047"
 
 
 @dataclass(frozen=True, kw_only=True, slots=True)
@@ -298,12 +304,82 @@ def _header_value(text: str) -> str:
     return urllib.parse.quote(text, safe="".join(chr(c) for c in range(0x21, 0x7F) if chr(c) != "%"))
 
 
+_URL_EXAMPLE = "Example: 'https://hooks.example.com/in'."
+
+
+def _url_refused(url: str) -> str | None:
+    return None if _is_http_url(url) else f"= {shown(url)} is not an http(s) URL."
+
+
+def _secret_refused(secret: str) -> str | None:
+    try:
+        secret_key(secret)
+    except ValueError as exc:
+        return f"is not usable: {exc}."
+    return None
+
+
+def _resolver_refused(resolver: object) -> str | None:
+    try:  # the transport takes a dotted path or the function itself
+        found = import_string(resolver) if isinstance(resolver, str) else resolver
+    except Exception as exc:  # ImportError, ValueError (".x"), or what the module raised
+        return f"= {shown(resolver)} cannot be imported: {exc}"
+    return None if callable(found) else f"= {shown(resolver)} is not callable."
+
+
+@dataclass(frozen=True, kw_only=True)
+class WebhookOptions:
+    """The webhook transport's ``OPTIONS``: URL and SECRET, or a RESOLVER that gives both per message."""
+
+    url: str | None = option(
+        None,
+        kind=str,
+        id=BAD_URL,
+        hint=_URL_EXAMPLE,
+        rules=(Rule(BAD_URL, _url_refused, _URL_EXAMPLE),),
+    )
+    secret: str | None = option(
+        None,
+        kind=str,
+        id=BAD_SECRET,
+        hint="Make one with django_outbox.webhooks.new_secret().",
+        rules=(Rule(BAD_SECRET, _secret_refused, "Make one with django_outbox.webhooks.new_secret()."),),
+    )
+    resolver: Any = option(
+        None,
+        kind=object,
+        id=BAD_RESOLVER,
+        rules=(Rule(BAD_RESOLVER, _resolver_refused, "Give the dotted path of a function, or the function."),),
+    )
+    #: One deadline for connect, request, headers and body together.
+    timeout: float = option(
+        DEFAULT_TIMEOUT,
+        kind=float,
+        minimum=MIN_TIMEOUT,
+        maximum=MAX_NETWORK_TIMEOUT,
+        id=BAD_TIMEOUT,
+        hint="Example: 'TIMEOUT': 10.",
+    )
+    allowed_hosts: tuple[str, ...] = option(
+        (),
+        kind=(list, tuple),
+        items=str,
+        id=BAD_ALLOWED_HOSTS,
+        expected="a list of host names",
+        hint="Example: 'ALLOWED_HOSTS': ['127.0.0.1'].",
+    )
+
+
 class WebhookTransport(BaseTransport):
+    options_class: ClassVar[type | None] = WebhookOptions
+    unknown_option_id: ClassVar[str] = UNKNOWN_OPTION
+
     def __init__(self, *, name: str, options: Mapping[str, Any]) -> None:
         super().__init__(name=name, options=options)
-        self.timeout = float(options.get("TIMEOUT", DEFAULT_TIMEOUT))
-        self.allowed_hosts = tuple(options.get("ALLOWED_HOSTS", ()))
-        resolver = options.get("RESOLVER")
+        self.settings: WebhookOptions
+        self.timeout = self.settings.timeout
+        self.allowed_hosts = self.settings.allowed_hosts
+        resolver = self.settings.resolver
         self.resolver: Callable[[Message], WebhookTarget | tuple[str, str]] | None = (
             import_string(resolver) if isinstance(resolver, str) else resolver
         )
@@ -421,63 +497,25 @@ class WebhookTransport(BaseTransport):
             self._client = None
 
     @classmethod
-    def check(cls, name: str, options: Mapping[str, Any]) -> list[CheckMessage]:
+    def check_combination(cls, name: str, options: Mapping[str, Any]) -> list[Problem]:
         where = f"OUTBOX['TRANSPORTS'][{name!r}]['OPTIONS']"
-        found: list[CheckMessage] = []
-
-        def error(id_: str, msg: str, hint: str) -> None:
-            found.append(Error(f"{where}: {msg}", hint=hint, id=f"django_outbox.{id_}", obj=where))
-
-        unknown = set(options) - _OPTIONS
-        if unknown:
-            names = ", ".join(sorted(shown(key) for key in unknown))
-            error("E047", f"unknown option(s) {names}.", f"Known: {', '.join(sorted(_OPTIONS))}.")
-        if "RESOLVER" in options:
-            if "URL" in options or "SECRET" in options:
-                error("E041", "RESOLVER replaces URL and SECRET; give one or the other.", "Remove URL and SECRET.")
-            resolver = options["RESOLVER"]
-            try:  # the transport takes a dotted path or the function itself
-                found_resolver = import_string(resolver) if isinstance(resolver, str) else resolver
-            except Exception as exc:  # ImportError, ValueError (".x"), or what the module raised
-                error("E044", f"RESOLVER {shown(resolver)} cannot be imported: {exc}", "Give a dotted path.")
-            else:
-                if not callable(found_resolver):
-                    error("E044", f"RESOLVER {shown(resolver)} is not callable.", "Point it at a function.")
-        else:
-            if "URL" not in options or "SECRET" not in options:
-                error(
-                    "E041",
-                    "a webhook transport needs URL and SECRET, or a RESOLVER.",
+        if "RESOLVER" in options and ("URL" in options or "SECRET" in options):
+            return [
+                Problem(
+                    NO_TARGET,
+                    f"{where}: RESOLVER replaces URL and SECRET; give one or the other.",
+                    "Remove URL and SECRET.",
+                )
+            ]
+        if "RESOLVER" not in options and ("URL" not in options or "SECRET" not in options):
+            return [
+                Problem(
+                    NO_TARGET,
+                    f"{where}: a webhook transport needs URL and SECRET, or a RESOLVER.",
                     "Add 'URL' and 'SECRET' (whsec_...), or 'RESOLVER': 'myapp.hooks.target_for'.",
                 )
-            if "URL" in options and not _is_http_url(options["URL"]):
-                error(
-                    "E042",
-                    f"URL {shown(options['URL'])} is not an http(s) URL.",
-                    "Example: 'https://hooks.example.com/in'.",
-                )
-            if "SECRET" in options:
-                try:
-                    secret_key(options["SECRET"])
-                except ValueError as exc:
-                    error("E043", f"SECRET is not usable: {exc}.", "Make one with django_outbox.webhooks.new_secret().")
-        timeout = options.get("TIMEOUT", DEFAULT_TIMEOUT)
-        if (
-            isinstance(timeout, bool)
-            or not isinstance(timeout, int | float)
-            or not (isinstance(timeout, int) or math.isfinite(timeout))
-            or not MIN_TIMEOUT <= timeout <= MAX_NETWORK_TIMEOUT
-        ):
-            error(
-                "E045",
-                f"TIMEOUT must be a number of seconds from {MIN_TIMEOUT:g} to {MAX_NETWORK_TIMEOUT:g}, not "
-                f"{shown(timeout)}.",
-                "Example: 'TIMEOUT': 10.",
-            )
-        hosts = options.get("ALLOWED_HOSTS", ())
-        if isinstance(hosts, str) or not isinstance(hosts, list | tuple) or not all(isinstance(h, str) for h in hosts):
-            error("E046", "ALLOWED_HOSTS must be a list of host names.", "Example: 'ALLOWED_HOSTS': ['127.0.0.1'].")
-        return found
+            ]
+        return []
 
 
 __all__ = ["BlockedAddressError", "WebhookTarget", "WebhookTransport"]
