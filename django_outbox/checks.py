@@ -162,4 +162,4 @@ def database_messages(alias: str, db: Mapping[str, Any]) -> list[CheckMessage]:
     return []
 
 
-from . import inbox_checks  # noqa: E402, F401  (registers the inbox and idempotency checks, with register_check)
+from .inbox import checks as inbox_checks  # noqa: E402, F401  (registers the inbox and idempotency checks, with register_check)

@@ -8,8 +8,8 @@ from typing import Any
 from django.apps import AppConfig
 from django.core.checks import CheckMessage, Tags, Warning
 
-from . import conf
-from .checks import register_check
+from .. import conf
+from ..checks import register_check
 
 
 @register_check(Tags.compatibility)

@@ -30,9 +30,9 @@ from django.utils.module_loading import import_string
 
 from ..conf import shown
 from ..exceptions import MissingExtraError, PermanentDeliveryError, TransientDeliveryError
-from ..webhooks import secret_key, sign
-from .base import BaseTransport
-from .broker import MAX_NETWORK_TIMEOUT
+from ..transports.base import BaseTransport
+from ..transports.broker import MAX_NETWORK_TIMEOUT
+from .signing import secret_key, sign
 
 try:
     import httpcore
