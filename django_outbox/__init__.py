@@ -7,6 +7,7 @@ at least once. See docs/ for the guarantees.
 from .api import Outbox, outbox
 from .exceptions import (
     DeliveryError,
+    DeliveryTimeoutError,
     IdempotencyConflictError,
     MissingExtraError,
     OutboxError,
@@ -19,6 +20,7 @@ from .exceptions import (
 
 __all__ = [
     "DeliveryError",
+    "DeliveryTimeoutError",
     "IdempotencyConflictError",
     "MissingExtraError",
     "Outbox",

@@ -24,6 +24,8 @@ from .limits import (
     WORKER_ID_MAX_LENGTH,
 )
 
+__all__ = ["Attempt", "IdempotencyRecord", "InboxMessage", "Message", "Worker"]
+
 
 class Message(models.Model):
     class Status(models.TextChoices):

@@ -6,6 +6,8 @@ from collections.abc import Sequence
 
 from .relay import Relay, RelayConfig, Stats
 
+__all__ = ["relay_all"]
+
 
 def relay_all(*, database: str | None = None, topics: Sequence[str] = (), batch_size: int = 100) -> Stats:
     """Deliver every message that is due now, in this thread, and return the counts.

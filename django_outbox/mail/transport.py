@@ -295,3 +295,6 @@ def _loop_error(where: str) -> Error:
         "settings.EMAIL_BACKEND is the one that should be django_outbox.mail.EmailBackend.",
         id="django_outbox.E040",
     )
+
+
+__all__ = ["EmailTransport"]

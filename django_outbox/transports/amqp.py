@@ -319,3 +319,6 @@ class AMQPTransport(BrokerTransport):
             else:
                 self._results[index] = None
         self._wake()
+
+
+__all__ = ["AMQPTransport"]
