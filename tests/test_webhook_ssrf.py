@@ -15,7 +15,7 @@ from hypothesis import strategies as st
 from django_outbox import outbox
 from django_outbox.models import Message
 from django_outbox.relay import Relay, RelayConfig
-from django_outbox.webhooks.transport import _is_public
+from django_outbox.webhooks.ssrf import is_public_address as _is_public
 
 from .servers import HTTPServer
 
