@@ -9,6 +9,7 @@ __version__ = "0.1.0"
 from .api import Outbox, outbox
 from .exceptions import (
     DeliveryError,
+    DeliveryTimeoutError,
     IdempotencyConflictError,
     MissingExtraError,
     OutboxError,
@@ -21,6 +22,7 @@ from .exceptions import (
 
 __all__ = [
     "DeliveryError",
+    "DeliveryTimeoutError",
     "IdempotencyConflictError",
     "MissingExtraError",
     "Outbox",

@@ -11,6 +11,7 @@ class OutboxConfig(AppConfig):
     def ready(self) -> None:
         from django.utils.module_loading import autodiscover_modules
 
-        from . import checks, inbox_checks  # noqa: F401  (each registers its own system checks)
+        from . import checks  # noqa: F401
+        from .inbox import checks as inbox_checks  # noqa: F401  (each registers its own system checks)
 
         autodiscover_modules("outbox")

@@ -2,7 +2,7 @@
 
 Every configuration mistake is reported by ``manage.py check`` with a stable id, listed in
 docs/checks.md; the worker command runs the checks before it starts. Other features register their
-own checks with ``options.register_check`` in their own modules (``inbox_checks``), which
+own checks with ``options.register_check`` in their own modules (``inbox/checks.py``), which
 ``OutboxConfig.ready()`` imports.
 """
 

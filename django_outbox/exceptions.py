@@ -14,6 +14,19 @@ from django.core.exceptions import ImproperlyConfigured
 if TYPE_CHECKING:
     from .models import Message
 
+__all__ = [
+    "DeliveryError",
+    "DeliveryTimeoutError",
+    "IdempotencyConflictError",
+    "MissingExtraError",
+    "OutboxError",
+    "OutboxImproperlyConfigured",
+    "PayloadTooLargeError",
+    "PermanentDeliveryError",
+    "TransientDeliveryError",
+    "UnknownTopicError",
+]
+
 
 class OutboxError(Exception):
     """Base class of every error the outbox raises on purpose."""

@@ -6,6 +6,8 @@ does not change the message.
 
 from django.dispatch import Signal
 
+__all__ = ["message_dead", "message_delivered", "message_failed"]
+
 #: sender=Message class, message=Message, attempt=int
 message_delivered = Signal()
 #: sender=Message class, message=Message, attempt=int, error=str, retry_at=datetime

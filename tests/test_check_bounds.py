@@ -360,7 +360,7 @@ def test_the_worker_command_applies_the_same_bounds(args):
 @pytest.mark.parametrize("attempts", [1, 2, 3, 7, 12, 40])
 @pytest.mark.parametrize(("base", "cap"), [(0, 0), (0, 5), (2, 0), (2, 3600), (0.5, 7), (3, 3), (1e-3, 1e6)])
 def test_the_retry_span_equals_the_sum_it_replaces(attempts, base, cap):
-    from django_outbox.inbox_checks import retry_span
+    from django_outbox.inbox.checks import retry_span
 
     naive = sum(min(cap, base * 2 ** (n - 1)) for n in range(1, attempts))
     assert retry_span(attempts, base, cap) == pytest.approx(naive)

@@ -32,7 +32,7 @@ from django.test import Client, RequestFactory, override_settings
 from hypothesis import given
 from hypothesis import strategies as st
 
-from django_outbox import idempotency
+from django_outbox.idempotency import endpoints as idempotency
 from django_outbox.models import IdempotencyRecord
 from testproject.shop.models import Order
 

@@ -14,7 +14,7 @@ from hypothesis import strategies as st
 
 from django_outbox import outbox
 from django_outbox.models import Message
-from django_outbox.transports.webhook import _is_public
+from django_outbox.webhooks.ssrf import is_public_address as _is_public
 from django_outbox.worker import Relay, RelayConfig
 
 from .servers import HTTPServer

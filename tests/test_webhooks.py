@@ -13,8 +13,9 @@ from django.utils import timezone
 from django_outbox import outbox
 from django_outbox.checks import check_settings
 from django_outbox.models import Message
-from django_outbox.transports.webhook import WebhookTarget, _is_public, retry_after_seconds
 from django_outbox.webhooks import WebhookVerificationError, new_secret, sign, verify
+from django_outbox.webhooks.ssrf import is_public_address as _is_public
+from django_outbox.webhooks.transport import WebhookTarget, retry_after_seconds
 from django_outbox.worker import Relay, RelayConfig
 
 from .servers import HTTPServer, Reply, free_port

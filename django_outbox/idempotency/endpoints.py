@@ -43,9 +43,9 @@ from django.http.multipartparser import MultiPartParser, MultiPartParserError
 from django.http.response import HttpResponseBase
 from django.utils.datastructures import ImmutableList, MultiValueDict
 
-from . import idempotency_records as records
-from .conf import get_settings
-from .limits import REQUEST_KEY_MAX_LENGTH, REQUEST_SCOPE_MAX_LENGTH
+from ..conf import get_settings
+from ..limits import REQUEST_KEY_MAX_LENGTH, REQUEST_SCOPE_MAX_LENGTH
+from . import records
 
 if TYPE_CHECKING:
     from django.views import View

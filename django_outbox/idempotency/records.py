@@ -1,6 +1,6 @@
 """Every statement on ``IdempotencyRecord``: claim a key, hold it, complete or release it, purge.
 
-The HTTP side (``idempotency.py``) never queries; it asks this module what a key's state means for
+The HTTP side (``endpoints.py``) never queries; it asks this module what a key's state means for
 the request in hand. A claim is committed at once in its own short transaction, so a concurrent
 retry sees it; the view then runs in a second transaction that locks the claimed row (PostgreSQL),
 and stores the response only if the claim is still ours (the ``lock_token`` fence).
@@ -16,7 +16,7 @@ from django.db import OperationalError, connections, transaction
 from django.db.models import QuerySet
 from django.utils import timezone
 
-from .models import IdempotencyRecord
+from ..models import IdempotencyRecord
 
 TABLE = IdempotencyRecord._meta.db_table
 IN_PROGRESS = IdempotencyRecord.State.IN_PROGRESS.value

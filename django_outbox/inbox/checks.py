@@ -8,8 +8,8 @@ from typing import Any
 from django.apps import AppConfig
 from django.core.checks import CheckMessage, Tags, Warning
 
-from . import conf
-from .options import register_check
+from .. import conf
+from ..options import register_check
 
 #: INBOX_RETENTION is shorter than this outbox may spend retrying one message.
 SHORT_INBOX_RETENTION = "django_outbox.W060"

@@ -26,9 +26,9 @@ from typing import Generic, ParamSpec, TypeVar
 from django.db import connections, transaction
 from django.utils import timezone
 
-from .conf import get_settings
-from .limits import INBOX_MESSAGE_ID_MAX_LENGTH, INBOX_SOURCE_MAX_LENGTH
-from .models import InboxMessage
+from ..conf import get_settings
+from ..limits import INBOX_MESSAGE_ID_MAX_LENGTH, INBOX_SOURCE_MAX_LENGTH
+from ..models import InboxMessage
 
 __all__ = ["Receipt", "consumer", "purge", "receive"]
 

@@ -281,3 +281,6 @@ def _loop_error(where: str) -> Error:
         "settings.EMAIL_BACKEND is the one that should be django_outbox.mail.EmailBackend.",
         id=BAD_EMAIL_BACKEND,
     )
+
+
+__all__ = ["EmailTransport"]

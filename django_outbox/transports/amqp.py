@@ -312,3 +312,6 @@ class AMQPTransport(BrokerTransport):
             else:
                 self._results[index] = None
         self._wake()
+
+
+__all__ = ["AMQPTransport"]

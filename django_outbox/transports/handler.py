@@ -82,3 +82,6 @@ def wait_for(awaitable: Awaitable[object]) -> None:
     finally:
         if not started and inspect.iscoroutine(awaitable):
             awaitable.close()  # never run (e.g. no event loop could be had here): no "never awaited" warning
+
+
+__all__ = ["HandlerTransport"]

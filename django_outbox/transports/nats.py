@@ -283,3 +283,6 @@ class NATSTransport(BrokerTransport):
             self._loop.run_until_complete(self._loop.shutdown_asyncgens())
         finally:
             self._loop.close()
+
+
+__all__ = ["NATSTransport"]

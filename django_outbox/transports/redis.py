@@ -169,3 +169,6 @@ class RedisStreamsTransport(BrokerTransport):
             self._client.close()
             self._client.connection_pool.disconnect()
             self._client = None
+
+
+__all__ = ["RedisStreamsTransport"]

@@ -19,7 +19,7 @@ from typing import Any
 
 from django.http import HttpRequest
 
-from .exceptions import OutboxError
+from ..exceptions import OutboxError
 
 SECRET_PREFIX = "whsec_"
 DEFAULT_TOLERANCE_SECONDS = 300

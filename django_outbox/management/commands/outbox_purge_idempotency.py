@@ -6,8 +6,8 @@ from typing import Any
 
 from django.core.management.base import BaseCommand, CommandParser
 
-from django_outbox import idempotency_records
 from django_outbox.conf import get_settings
+from django_outbox.idempotency import records as idempotency_records
 
 
 class Command(BaseCommand):
