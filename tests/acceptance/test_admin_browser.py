@@ -9,7 +9,6 @@ from __future__ import annotations
 import datetime as dt
 import os
 import re
-from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -18,31 +17,10 @@ from django.contrib.auth.models import User
 from django.utils import timezone
 
 from django_outbox.models import Message
-
-from .browser import CHROMIUM, Browser
-from .conftest import IN_CI, ROOT
-from .factories import AttemptFactory, MessageFactory
+from tests.support import ROOT
+from tests.support.factories import AttemptFactory, MessageFactory
 
 pytestmark = pytest.mark.slow
-
-
-@pytest.fixture
-def browser() -> Iterator[Browser]:
-    missing = None
-    if not CHROMIUM.exists():
-        missing = f"{CHROMIUM} is not installed (apt-get install chromium; .ci/run does it)"
-    else:
-        try:
-            import playwright  # noqa: F401
-        except ImportError:
-            missing = "the playwright package is not installed (pip install -e '.[dev]')"
-    if missing:
-        if IN_CI:
-            pytest.fail(f"{missing}; under CI=true this is a failure")
-        pytest.skip(missing)
-    browser = Browser(width=1600, height=900)
-    yield browser
-    browser.close()
 
 
 @pytest.fixture

@@ -25,13 +25,10 @@ from django_outbox.archive_models import ArchivedMessage
 from django_outbox.conf import EMAIL_TOPIC
 from django_outbox.mail.models import OutboxEmail
 from django_outbox.models import Message
+from tests.support.browser import Browser
+from tests.support.mail import relay
 
-from .browser import Browser
-from .test_admin_browser import browser  # noqa: F401  (fixture)
-from .test_housekeeping import empty_archive  # noqa: F401  (fixture)
-from .test_mail import mail_via_outbox, relay, smtp  # noqa: F401  (fixtures)
-
-pytestmark = [pytest.mark.slow, pytest.mark.django_db(transaction=True)]
+pytestmark = [pytest.mark.slow, pytest.mark.django_db(transaction=True), pytest.mark.usefixtures("empty_archive")]
 
 VIEW_ONLY = ("view_message", "view_outboxemail", "view_archivedmessage", "view_archivedattempt")
 RESET_LINK = re.compile(r"/accounts/reset/(?P<uid>[\w-]+)/(?P<token>[\w-]+)/")
@@ -65,7 +62,7 @@ def visit(chromium: Browser, url: str) -> dict[str, Any]:
     return chromium(run)
 
 
-def test_a_view_only_helpdesk_user_finds_no_reset_token_anywhere_in_the_console(browser, live_server, smtp):  # noqa: F811
+def test_a_view_only_helpdesk_user_finds_no_reset_token_anywhere_in_the_console(browser, live_server, smtp):
     root = User.objects.create_superuser("root", "root@example.com", "root-password")
     helpdesk = User.objects.create_user("helpdesk", "helpdesk@example.com", "helpdesk-password", is_staff=True)
     helpdesk.user_permissions.set(

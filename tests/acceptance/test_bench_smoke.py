@@ -11,7 +11,7 @@ import psycopg
 import pytest
 from django.db import connection
 
-from .conftest import ROOT
+from tests.support import ROOT
 
 pytestmark = [pytest.mark.usefixtures("postgres"), pytest.mark.slow]
 
@@ -80,7 +80,7 @@ def test_smoke_run_measures_every_figure(bench_dsn, tmp_path):
 
 def test_topology_smoke_run_measures_every_topology(bench_dsn, tmp_path):
     """bench/topology.py in its tiniest mode: every topology, the NOTIFY references, both prepared modes."""
-    from . import pgbouncer
+    from tests.support import pgbouncer
 
     pgbouncer.require()
     output = tmp_path / "topology.json"

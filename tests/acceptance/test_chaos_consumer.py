@@ -19,8 +19,7 @@ import pytest
 from django.db import connection
 
 from bench.chaos import audit_effects
-
-from .conftest import ROOT
+from tests.support import ROOT
 
 SMALLEST = ("--messages", "100", "--duration", "3", "--producers", "1", "--workers", "2", "--timeout", "240")
 
@@ -101,7 +100,7 @@ def test_chaos_run_catches_a_consumer_without_the_inbox(tmp_path: Path) -> None:
 def test_smallest_chaos_run_through_a_restarted_and_paused_pooler(tmp_path: Path, mode: str) -> None:
     """The run's pooler scenarios in their smallest form: producers and workers reach the private cluster
     through PgBouncer, which is killed and restarted on its port, then paused and resumed, mid-drain."""
-    from . import pgbouncer
+    from tests.support import pgbouncer
 
     if connection.vendor != "postgresql":
         pytest.skip("the pooler stands in front of the private PostgreSQL cluster")

@@ -5,7 +5,7 @@ worker's own clock may be off by minutes: a host ahead must not reap live leases
 behind must not hold dead ones for minutes, nor claim or schedule by its own idea of the time.
 
 The shifted processes fake the wall clock only (``FAKETIME_DONT_FAKE_MONOTONIC=1``), as a host whose
-clock is off does; ``tests/faketime_shim`` works around libfaketime's ``time.sleep`` bug in them.
+clock is off does; ``tests/support/faketime_shim`` works around libfaketime's ``time.sleep`` bug in them.
 """
 
 from __future__ import annotations
@@ -27,8 +27,9 @@ from django.utils import timezone
 from django_outbox import outbox
 from django_outbox.models import Attempt, Message, Worker
 from tests.probe.models import Delivery
-
-from .conftest import ROOT, WorkerProcess, wait_for, worker_env
+from tests.support import ROOT
+from tests.support.processes import WorkerProcess, worker_env
+from tests.support.waiting import wait_for
 
 pytestmark = [pytest.mark.django_db(transaction=True), pytest.mark.slow]
 

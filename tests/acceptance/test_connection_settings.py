@@ -12,9 +12,9 @@ import pytest
 
 from django_outbox import outbox
 from django_outbox.models import Message
-
-from .conftest import WorkerProcess, send_in_process, wait_for
-from .probe.models import Delivery
+from tests.probe.models import Delivery
+from tests.support.processes import WorkerProcess, send_in_process
+from tests.support.waiting import wait_for
 
 pytestmark = [pytest.mark.django_db(transaction=True), pytest.mark.usefixtures("postgres"), pytest.mark.slow]
 

@@ -17,12 +17,16 @@ from django.utils import timezone
 from django_outbox import outbox, overview
 from django_outbox.archive_models import ArchivedMessage
 from django_outbox.models import Attempt, Message
+from tests.probe.models import Delivery
+from tests.support import ROOT
+from tests.support.factories import finished
+from tests.support.processes import WorkerProcess, worker_env
 
-from .conftest import ROOT, WorkerProcess, worker_env
-from .probe.models import Delivery
-from .test_housekeeping import empty_archive, finished  # noqa: F401  (the fixture empties the archive)
-
-pytestmark = [pytest.mark.django_db(transaction=True), pytest.mark.usefixtures("postgres"), pytest.mark.slow]
+pytestmark = [
+    pytest.mark.django_db(transaction=True),
+    pytest.mark.usefixtures("postgres", "empty_archive"),
+    pytest.mark.slow,
+]
 
 ROLE = "outbox_dba_timeouts"
 TIMEOUTS = {"statement_timeout": "200ms", "lock_timeout": "200ms", "idle_in_transaction_session_timeout": "200ms"}

@@ -17,9 +17,10 @@ from django_outbox.models import Attempt, Message
 from django_outbox.relay import Relay, RelayConfig
 from testproject.shop.models import Order
 from tests.probe.models import Delivery
-
-from .brokers import running_relay
-from .conftest import ROOT, wait_for, worker_env
+from tests.support import ROOT
+from tests.support.brokers import running_relay
+from tests.support.processes import worker_env
+from tests.support.waiting import wait_for
 
 pytestmark = pytest.mark.django_db(transaction=True)
 
@@ -77,7 +78,7 @@ def _others(count: int) -> list[Message]:
     with transaction.atomic():
         return [
             # Other keys than the poison's and the hung message's: a dead head blocks its own key by design
-            # (OUTBOX["ORDERING"] = "block", tested in test_ordering.py), never anyone else's.
+            # (OUTBOX["ORDERING"] = "block", tested in tests/db/test_ordering.py), never anyone else's.
             outbox.send(f"probe.other{n % 3}", {"n": n}, key=f"other-key-{n % 7}", idempotency_key=f"other-{n}")
             for n in range(count)
         ]

@@ -9,8 +9,7 @@ from django.db import connection
 
 from django_outbox.models import Attempt, Message
 from tests.probe.models import Delivery
-
-from .conftest import wait_for
+from tests.support.waiting import wait_for
 
 pytestmark = pytest.mark.django_db(transaction=True)
 

@@ -17,6 +17,7 @@ from typing import Any
 import pytest
 from django.core import checks
 from django.core.checks import CheckMessage
+from django.db import transaction
 from django.test import override_settings
 from hypothesis import event, given
 from hypothesis import settings as hypothesis_settings
@@ -28,6 +29,7 @@ from django_outbox.models import Message
 from django_outbox.relay import Relay, RelayConfig, backoff_seconds
 from django_outbox.transports.broker import BrokerTransport
 from django_outbox.transports.registry import transport_class
+from tests.support.checks import ACCEPTED_CHANNELS, REFUSED_CHANNELS, outbox_ids, server_takes_channel
 
 SECRET = "whsec_" + "A" * 32
 WEBHOOK = "django_outbox.transports.webhook.WebhookTransport"
@@ -217,7 +219,7 @@ def option_values(backend: str) -> dict[str, st.SearchStrategy[Any]]:
             "SECRET": st.sampled_from([SECRET, "whsec_short", "nope"]),
             "TIMEOUT": FLOATS | INTS,
             "ALLOWED_HOSTS": st.lists(TEXTS, max_size=3),
-            "RESOLVER": st.sampled_from(["tests.test_check_properties.resolve", ".x", "os.sep", resolve]),
+            "RESOLVER": st.sampled_from(["tests.db.test_check_properties.resolve", ".x", "os.sep", resolve]),
         }
     elif backend == EMAIL:
         names = {"TIMEOUT": FLOATS, "HOST": TEXTS}
@@ -316,7 +318,25 @@ CHANNELS = st.one_of(
 @hypothesis_settings(max_examples=max(10, hypothesis_settings().max_examples // 2))
 @given(channel=CHANNELS)
 def test_check_accepts_exactly_the_channels_postgres_takes(postgres, channel):
-    from tests.test_check_bounds import _server_takes
-
     with checked({"NOTIFY_CHANNEL": channel}) as errors:
-        assert (not errors) == _server_takes(channel), [e.msg for e in errors]
+        assert (not errors) == server_takes_channel(channel), [e.msg for e in errors]
+
+
+# --- the checks' verdicts on NOTIFY_CHANNEL against the real server (from the unit layer's tables) ---
+
+
+@pytest.mark.django_db
+@pytest.mark.parametrize("channel", REFUSED_CHANNELS + ACCEPTED_CHANNELS)
+def test_check_agrees_with_the_real_server_about_each_channel(postgres, channel):
+    assert server_takes_channel(channel) == (outbox_ids(NOTIFY_CHANNEL=channel) == [])
+
+
+@pytest.mark.django_db(transaction=True)
+def test_the_longest_channel_check_passes_works_for_send(postgres, handler):
+    """63 bytes: check passes and send() commits (64 made every send() raise DataError in its transaction)."""
+    channel = "\u00e9" * 31 + "a"
+    with override_settings(OUTBOX={"NOTIFY_CHANNEL": channel}):
+        assert outbox_ids(NOTIFY_CHANNEL=channel) == []
+        with transaction.atomic():
+            outbox.send("probe.created", {"n": 1})
+    assert Message.objects.filter(topic="probe.created").count() == 1

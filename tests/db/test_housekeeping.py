@@ -16,38 +16,10 @@ from django.utils import timezone
 from django_outbox import housekeeping
 from django_outbox.archive_models import ArchivedAttempt, ArchivedMessage
 from django_outbox.models import Attempt, Message
+from tests.support.factories import MessageFactory, finished
+from tests.support.waiting import wait_for
 
-from .conftest import wait_for
-from .factories import AttemptFactory, MessageFactory
-
-pytestmark = pytest.mark.django_db(transaction=True)
-
-
-@pytest.fixture(autouse=True)
-def empty_archive(django_db_blocker):
-    """The archive tables are not Django-managed, so the test flush leaves them alone: empty them here."""
-    yield
-    with django_db_blocker.unblock(), connection.cursor() as cursor:
-        for table in (housekeeping.ARCHIVED_ATTEMPT, housekeeping.ARCHIVED_MESSAGE):
-            cursor.execute(f"DELETE FROM {table}")
-            if connection.vendor == "postgresql":
-                for name in housekeeping.partitions(connection, table):
-                    cursor.execute(f"DROP TABLE {name}")
-
-
-def finished(status: str, age: dt.timedelta, **kwargs) -> Message:
-    when = timezone.now() - age
-    message = MessageFactory.create(
-        status=status,
-        created_at=when,
-        available_at=when,
-        delivered_at=when if status == "delivered" else None,
-        attempts=1,
-        key=kwargs.pop("key", None),
-        **kwargs,
-    )
-    AttemptFactory(message=message, started_at=when, finished_at=when, outcome="delivered")
-    return message
+pytestmark = [pytest.mark.django_db(transaction=True), pytest.mark.usefixtures("empty_archive")]
 
 
 def test_finished_messages_move_to_the_archive_with_their_attempts():

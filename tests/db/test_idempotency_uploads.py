@@ -35,8 +35,7 @@ from hypothesis import strategies as st
 from django_outbox import idempotency
 from django_outbox.models import IdempotencyRecord
 from testproject.shop.models import Order
-
-from .probe import views
+from tests.probe import views
 
 pytestmark = pytest.mark.django_db(transaction=True)
 

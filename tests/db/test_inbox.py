@@ -15,8 +15,8 @@ from django.utils import timezone
 from django_outbox import conf, inbox
 from django_outbox.models import InboxMessage
 from testproject.shop.models import Order
-
-from .conftest import is_postgres, wait_for
+from tests.support.database import is_postgres
+from tests.support.waiting import wait_for
 
 pytestmark = pytest.mark.django_db(transaction=True)
 

@@ -16,8 +16,8 @@ from django_outbox import PermanentDeliveryError, outbox, store
 from django_outbox.models import Message
 from django_outbox.testing import relay_all
 from testproject.shop.models import Order
-
-from .conftest import needs_session_listen, wait_for
+from tests.support.database import needs_session_listen
+from tests.support.waiting import wait_for
 
 pytestmark = pytest.mark.django_db(transaction=True)
 

@@ -15,8 +15,7 @@ from django.utils import timezone
 
 from django_outbox import store
 from django_outbox.models import Message
-
-from .factories import MessageFactory
+from tests.support.factories import MessageFactory
 
 pytestmark = pytest.mark.django_db(transaction=True)
 

@@ -161,7 +161,7 @@ def test_the_checks_cost_no_query(django_assert_num_queries):
 def _delete_elsewhere(message_id: int) -> None:
     """Remove a message on a connection of its own, as housekeeping's archiving does, and commit."""
     if connection.vendor == "postgresql":
-        from .conftest import connect_raw
+        from tests.support.database import connect_raw
 
         with connect_raw(autocommit=True) as other:
             other.execute("DELETE FROM django_outbox_message WHERE id = %s", [message_id])

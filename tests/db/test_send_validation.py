@@ -1,4 +1,4 @@
-"""Plain regressions for what the property tests of send() found or decided (tests/test_send_properties.py)."""
+"""Plain regressions for what the property tests of send() found or decided (tests/db/test_send_properties.py)."""
 
 from __future__ import annotations
 
@@ -9,10 +9,12 @@ import pytest
 from django.db import transaction
 from django.test import override_settings
 
-from django_outbox import PayloadTooLargeError, outbox
+from django_outbox import OutboxImproperlyConfigured, PayloadTooLargeError, UnknownTopicError, outbox, routing
+from django_outbox.checks import check_settings
 from django_outbox.limits import PAYLOAD_MAX_DEPTH
 from django_outbox.models import Message
 from testproject.shop.models import Order
+from tests.support.checks import outbox_errors
 
 pytestmark = pytest.mark.django_db(transaction=True)
 
@@ -129,3 +131,155 @@ def test_delays_beyond_any_float_are_refused(delay, match):
 def test_names_the_database_cannot_store_are_refused(kwargs, match):
     args = {"topic": "probe.created"} | kwargs
     refused(ValueError, match, args.pop("topic"), {}, **args)
+
+
+# --- bad input to send() and to OUTBOX -------------------------------------------------------------------
+# Bad input to ``send()`` and to ``OUTBOX``: a clear error at the earliest point, and nothing written.
+#
+# tests/db/test_send.py and tests/unit/test_checks.py hold the first cases; these are the ones the fault-injection
+# work added (docs/reliability.md lists them all). Each send case runs inside a transaction that must stay
+# usable afterwards: an error the database raised instead would have poisoned it on PostgreSQL.
+
+
+@pytest.mark.parametrize(
+    ("args", "kwargs", "error", "match"),
+    [
+        (("probe.created", {1, 2}), {}, TypeError, "JSON-serialisable.*set"),
+        (("probe.created", b"bytes"), {}, TypeError, "JSON-serialisable.*bytes"),
+        (("probe.created", {(1, 2): "tuple key"}), {}, TypeError, "keys must be"),
+        (("probe.created", {"text": "half \ud800 an emoji"}), {}, ValueError, "lone UTF-16 surrogate"),
+        (("probe.created", {"text": "\udc00 low half first"}), {}, ValueError, "lone UTF-16 surrogate"),
+        (("probe.created", {}), {"headers": {"h": "\ud83d"}}, ValueError, "headers contains a lone"),
+        ((None, {}), {}, TypeError, "topic must be a string"),
+        ((" probe.created", {}), {}, ValueError, "surrounding spaces"),
+        (("nobody.listens", {}), {}, UnknownTopicError, "No route or handler serves topic 'nobody.listens'"),
+        (("probe.created", {}), {"key": 5}, TypeError, "key must be a string or None"),
+        (("probe.created", {}), {"idempotency_key": ""}, ValueError, "idempotency_key must be a non-empty"),
+        (("probe.created", {}), {"delay": float("nan")}, ValueError, "finite, non-negative"),
+        (("probe.created", {}), {"delay": float("inf")}, ValueError, "finite, non-negative"),
+        (("probe.created", {}), {"delay": 10**12}, ValueError, "past the year 9999"),
+        (("probe.created", {}), {"delay": dt.timedelta.max}, ValueError, "past the year 9999"),
+        (
+            ("probe.created", {}),
+            {"delay": dt.timedelta(seconds=-1)},
+            ValueError,
+            "finite, non-negative number of seconds",
+        ),
+        (("probe.created", {}), {"available_at": dt.date(2030, 1, 1)}, TypeError, "available_at must be a datetime"),
+        (("probe.created", {}), {"max_attempts": 2**31}, ValueError, "max_attempts must be a positive integer"),
+        (("probe.created", {}), {"max_attempts": True}, ValueError, "max_attempts must be a positive integer"),
+    ],
+)
+def test_bad_send_raises_before_writing_and_leaves_the_transaction_usable(args, kwargs, error, match):
+    with transaction.atomic():
+        with pytest.raises(error, match=match):
+            outbox.send(*args, **kwargs)
+        Order.objects.create(customer_email="a@example.com", item="mug")  # the transaction goes on
+    assert Message.objects.count() == 0
+    assert Order.objects.count() == 1
+
+
+@pytest.mark.parametrize(
+    "payload",
+    [
+        {"emoji": "\U0001f600 fine"},
+        {"text": "a literal backslash-u0000: \\u0000"},
+        {"text": "a literal backslash-ud800: \\ud800"},
+    ],
+)
+def test_valid_text_that_looks_like_the_refused_escapes_is_stored(payload):
+    message = outbox.send("probe.created", payload)
+    assert Message.objects.get(pk=message.pk).payload == payload
+
+
+def test_payload_limit_counts_utf8_bytes_not_characters():
+    one_kb = "\u00e9" * 500  # 500 characters, 1,000 bytes in UTF-8 (JSON keeps them escaped: 3,000 bytes)
+    with override_settings(OUTBOX={"MAX_PAYLOAD_BYTES": 2000}):
+        with pytest.raises(PayloadTooLargeError, match=r"3002 bytes as JSON; OUTBOX\['MAX_PAYLOAD_BYTES'\] is 2000"):
+            outbox.send("probe.created", one_kb)
+    assert Message.objects.count() == 0
+
+
+@pytest.mark.parametrize(
+    ("outbox_setting", "expected"),
+    [
+        ({"HANDLER_TIMEOUT_SECONDS": 0}, "django_outbox.E090"),
+        ({"HANDLER_TIMEOUT_SECONDS": -5}, "django_outbox.E090"),
+        ({"HANDLER_TIMEOUT_SECONDS": "30"}, "django_outbox.E090"),
+        ({"HANDLER_TIMEOUT_SECONDS": True}, "django_outbox.E090"),
+        ({"HANDLER_TIMEOUT_SECONDS": float("inf")}, "django_outbox.E090"),
+        ({"HANDLER_TIMEOUT_SECONDS": float("nan")}, "django_outbox.E090"),
+        ({"MAX_PAYLOAD_BYTES": 0}, "django_outbox.E003"),
+        ({"MAX_PAYLOAD_BYTES": 1.5}, "django_outbox.E003"),
+        ({"TRANSPORTS": ["hooks"]}, "django_outbox.E010"),
+        ({"ROUTES": {"": "handler"}}, "django_outbox.E020"),
+    ],
+)
+def test_more_malformed_settings_are_reported_with_stable_ids(outbox_setting, expected):
+    with override_settings(OUTBOX=outbox_setting):
+        assert expected in outbox_errors()
+        with pytest.raises(OutboxImproperlyConfigured, match=expected):
+            outbox.send("probe.created", {})
+    assert Message.objects.count() == 0
+
+
+# --- a topic routed to a transport that cannot be loaded -------------------------------------------------
+# ``send()`` refuses a topic routed to a transport that cannot be loaded, as ``check`` (E011) and the
+# worker do, instead of writing messages that no worker will start to deliver.
+
+
+HANDLER = "django_outbox.transports.handler.HandlerTransport"
+
+
+def routed_to(backend: str) -> override_settings:
+    return override_settings(
+        OUTBOX={"TRANSPORTS": {"billing": {"BACKEND": backend}}, "ROUTES": {"billing.*": "billing"}}
+    )
+
+
+@pytest.mark.parametrize(
+    ("backend", "reason"),
+    [
+        ("no.such.Transport", "Cannot import transport backend 'no.such.Transport'"),
+        ("django_outbox.transports.kafka.KafkaTransport", "Cannot import transport backend"),
+        ("django_outbox.api.Outbox", "is not a subclass of django_outbox.transports.BaseTransport"),
+        ("django_outbox.api.MAX_ATTEMPTS_LIMIT", "is not a subclass"),
+    ],
+)
+def test_a_topic_routed_to_a_transport_that_cannot_be_loaded_is_refused(backend, reason):
+    with routed_to(backend):
+        assert [e.id for e in check_settings()] == ["django_outbox.E011"]
+        with transaction.atomic():
+            with pytest.raises(OutboxImproperlyConfigured, match="routed to transport 'billing'") as raised:
+                outbox.send("billing.charged", {"n": 1})
+            Order.objects.create(customer_email="a@example.com", item="mug")  # the transaction goes on
+        assert reason in str(raised.value) and "E011" in str(raised.value)
+        outbox.send("probe.created", {"n": 2})  # topics routed elsewhere are not affected
+    assert list(Message.objects.values_list("topic", flat=True)) == ["probe.created"]
+    assert Order.objects.count() == 1
+
+
+def test_the_import_is_tried_once_per_setting_and_again_when_the_setting_changes():
+    with routed_to("no.such.Transport"):
+        for _ in range(3):
+            with pytest.raises(OutboxImproperlyConfigured):
+                outbox.send("billing.charged", {})
+        assert routing._load_error.cache_info().misses == 1
+    with routed_to(HANDLER):  # fixed: setting_changed clears what was cached
+        routing.registry.register("billing.*", lambda message: None)
+        try:
+            outbox.send("billing.charged", {})
+            for _ in range(3):
+                outbox.send("billing.charged", {})
+            assert routing.sending_transport.cache_info().hits >= 3
+        finally:
+            routing.registry.unregister("billing.*")
+    assert Message.objects.count() == 4
+
+
+def test_a_transport_whose_optional_package_is_missing_may_still_be_sent_to():
+    """A web process need not install a broker's client; its workers refuse to start instead (E012)."""
+    with routed_to("tests.support.transport_needing_extra.ImaginaryTransport"):
+        assert [e.id for e in check_settings()] == ["django_outbox.E012"]
+        outbox.send("billing.charged", {"n": 1})
+    assert Message.objects.count() == 1

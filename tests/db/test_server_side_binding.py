@@ -15,9 +15,8 @@ from django.utils import timezone
 
 from django_outbox import outbox, store
 from django_outbox.models import Message
-
-from .conftest import wait_for
-from .factories import MessageFactory
+from tests.support.factories import MessageFactory
+from tests.support.waiting import wait_for
 
 pytestmark = pytest.mark.django_db(transaction=True)
 

@@ -13,9 +13,9 @@ from django.utils import timezone
 
 from django_outbox import overview
 from django_outbox.models import Message, Worker
-
-from .conftest import ROOT, worker_env
-from .factories import AttemptFactory, MessageFactory
+from tests.support import ROOT
+from tests.support.factories import AttemptFactory, MessageFactory
+from tests.support.processes import worker_env
 
 pytestmark = pytest.mark.django_db
 

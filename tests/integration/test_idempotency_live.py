@@ -17,9 +17,11 @@ import pytest
 
 from django_outbox.models import IdempotencyRecord, Message
 from testproject.shop.models import Order
-
-from .conftest import ROOT, is_postgres, wait_for, worker_env
-from .probe.views import GATE
+from tests.probe.views import GATE
+from tests.support import ROOT
+from tests.support.database import is_postgres
+from tests.support.processes import worker_env
+from tests.support.waiting import wait_for
 
 pytestmark = pytest.mark.django_db(transaction=True)
 

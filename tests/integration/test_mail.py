@@ -22,51 +22,12 @@ from django_outbox.mail.links import view_url
 from django_outbox.mail.models import OutboxEmail
 from django_outbox.mail.payload import header
 from django_outbox.models import Message
-from django_outbox.relay import Relay, RelayConfig
-
-from .servers import SMTPServer, free_port
+from tests.support.mail import relay
+from tests.support.servers import SMTPServer, free_port
 
 pytestmark = pytest.mark.django_db(transaction=True)
 
-MAILERS = django.VERSION >= (6, 1)
 BINARY = bytes(range(256)) * 8 + b"\x00\xff\r\n.\r\n"
-
-
-def smtp_options(port: int) -> dict[str, object]:
-    return {"host": "127.0.0.1", "port": port, "timeout": 5}
-
-
-@pytest.fixture
-def mail_via_outbox(settings):
-    """Route Django email through the outbox; returns a function pointing the worker at an SMTP port."""
-
-    def point_at(port: int) -> None:
-        if MAILERS:
-            settings.MAILERS = {
-                "default": {"BACKEND": "django_outbox.mail.EmailBackend"},
-                "smtp": {"BACKEND": "django.core.mail.backends.smtp.EmailBackend", "OPTIONS": smtp_options(port)},
-            }
-            settings.OUTBOX = {**settings.OUTBOX, "EMAIL_MAILER": "smtp"}
-        else:
-            settings.EMAIL_BACKEND = "django_outbox.mail.EmailBackend"
-            settings.EMAIL_HOST, settings.EMAIL_PORT, settings.EMAIL_TIMEOUT = "127.0.0.1", port, 5
-            settings.OUTBOX = {**settings.OUTBOX, "EMAIL_BACKEND": "django.core.mail.backends.smtp.EmailBackend"}
-
-    return point_at
-
-
-@pytest.fixture
-def smtp(mail_via_outbox):
-    server = SMTPServer()
-    mail_via_outbox(server.port)
-    yield server
-    server.stop()
-
-
-def relay() -> Relay:
-    worker = Relay(RelayConfig.from_settings(until_empty=True, poll_interval=0.05, notify=False))
-    worker.run()
-    return worker
 
 
 def full_email() -> EmailMultiAlternatives:

@@ -22,8 +22,7 @@ from django_outbox.exceptions import OutboxImproperlyConfigured
 from django_outbox.mail.transport import EmailTransport
 from django_outbox.models import Attempt, Message
 from django_outbox.relay import Relay, RelayConfig
-
-from .servers import SlowServer, SMTPServer
+from tests.support.servers import SlowServer, SMTPServer
 
 pytestmark = pytest.mark.django_db(transaction=True)
 

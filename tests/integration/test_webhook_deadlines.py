@@ -16,8 +16,7 @@ import pytest
 from django_outbox import outbox
 from django_outbox.models import Attempt, Message
 from django_outbox.relay import Relay, RelayConfig
-
-from .servers import HTTPServer, Reply, SlowServer
+from tests.support.servers import HTTPServer, Reply, SlowServer
 
 pytestmark = pytest.mark.django_db(transaction=True)
 

@@ -16,8 +16,7 @@ from django_outbox import outbox
 from django_outbox.models import Message
 from django_outbox.relay import Relay, RelayConfig
 from django_outbox.transports.webhook import _is_public
-
-from .servers import HTTPServer
+from tests.support.servers import HTTPServer
 
 SECRET = "whsec_8X64pTf2VJY6eApZYqEgNu+kEOBTpP9F"
 

@@ -16,8 +16,7 @@ from django_outbox.models import Message
 from django_outbox.relay import Relay, RelayConfig
 from django_outbox.transports.webhook import WebhookTarget, _is_public, retry_after_seconds
 from django_outbox.webhooks import WebhookVerificationError, new_secret, sign, verify
-
-from .servers import HTTPServer, Reply, free_port
+from tests.support.servers import HTTPServer, Reply, free_port
 
 pytestmark = pytest.mark.django_db(transaction=True)
 

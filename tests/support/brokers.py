@@ -17,8 +17,8 @@ from django_outbox import outbox
 from django_outbox.models import Attempt, Message
 from django_outbox.relay import Relay, RelayConfig
 
-from .conftest import wait_for
 from .proxy import FlakyProxy as FlakyProxy  # re-exported: the broker tests import it from here
+from .waiting import wait_for
 
 KEYS = ("k0", "k1", "k2", "k3", "k4")
 

@@ -14,10 +14,14 @@ from __future__ import annotations
 
 import queue
 import threading
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from concurrent.futures import Future
 from pathlib import Path
 from typing import Any, TypeVar
+
+import pytest
+
+from . import IN_CI
 
 CHROMIUM = Path("/usr/bin/chromium")
 CHROMIUM_ARGS = [
@@ -79,3 +83,22 @@ class Browser:
     def close(self) -> None:
         self._calls.put(None)
         self._thread.join(timeout=self.timeout)
+
+
+@pytest.fixture
+def browser() -> Iterator[Browser]:
+    missing = None
+    if not CHROMIUM.exists():
+        missing = f"{CHROMIUM} is not installed (apt-get install chromium; .ci/run does it)"
+    else:
+        try:
+            import playwright  # noqa: F401
+        except ImportError:
+            missing = "the playwright package is not installed (pip install -e '.[dev]')"
+    if missing:
+        if IN_CI:
+            pytest.fail(f"{missing}; under CI=true this is a failure")
+        pytest.skip(missing)
+    browser = Browser(width=1600, height=900)
+    yield browser
+    browser.close()

@@ -1,5 +1,6 @@
 from __future__ import annotations
 
+import datetime as dt
 import uuid
 
 from django.utils import timezone
@@ -33,3 +34,19 @@ class AttemptFactory(DjangoModelFactory[Attempt]):
     finished_at = LazyFunction(timezone.now)
     worker = "test-host:1:abc"
     outcome = Attempt.Outcome.DELIVERED
+
+
+def finished(status: str, age: dt.timedelta, **kwargs) -> Message:
+    """A message that finished (or not) ``age`` ago with one attempt: what housekeeping and the archive see."""
+    when = timezone.now() - age
+    message = MessageFactory.create(
+        status=status,
+        created_at=when,
+        available_at=when,
+        delivered_at=when if status == "delivered" else None,
+        attempts=1,
+        key=kwargs.pop("key", None),
+        **kwargs,
+    )
+    AttemptFactory(message=message, started_at=when, finished_at=when, outcome="delivered")
+    return message

@@ -125,3 +125,23 @@ class PgBouncer:
                 self.proc.kill()
                 self.proc.wait(10)
         shutil.rmtree(self.dir, ignore_errors=True)
+
+
+def direct_url(database: str) -> str:
+    """The test server itself, bypassing any pooler: for a listener that needs a session of its own."""
+    from django.db import connection
+
+    settings = connection.settings_dict
+    return f"postgres://postgres@{settings['HOST'] or '127.0.0.1'}:{settings['PORT'] or 5432}/{database}"
+
+
+def worker_env(pooler: PgBouncer, *, listen_direct: bool = False) -> dict[str, str]:
+    """Environment for a worker process on the test database through ``pooler``. ``listen_direct``: in
+    transaction pooling, its listener on a direct alias of its own (``LISTEN_DATABASE_URL``)."""
+    from django.db import connection
+
+    name = connection.settings_dict["NAME"]
+    env = {"DATABASE_URL": pooler.url(name), "OUTBOX_LOG_LEVEL": "WARNING", "DEBUG": "false"}
+    if listen_direct and pooler.mode == "transaction":
+        env["LISTEN_DATABASE_URL"] = direct_url(name)
+    return env

@@ -2,7 +2,7 @@
 
 Production Django sites mostly reach PostgreSQL through a pooler, so the suite's core modules run a
 second time that way (``dev.py test --pooler transaction``). ``tests/settings.py`` calls ``route()``
-before Django connects: in the pytest process it starts a PgBouncer (``tests/pgbouncer.py``) in front of
+before Django connects: in the pytest process it starts a PgBouncer (``tests/support/pgbouncer.py``) in front of
 the server of ``DATABASE_URL`` and points every database alias at it, so pytest-django creates the test
 databases through the pooler (its wildcard entry), and worker processes started by the tests inherit the
 pooler's address through ``DATABASE_URL``. ``TEST_POOLER_DIRECT`` keeps the server's own address, for the

@@ -14,15 +14,13 @@ from typing import Any
 import pytest
 from django.core import checks
 from django.core.checks import CheckMessage
-from django.db import transaction
 from django.test import override_settings
 
-from django_outbox import outbox
 from django_outbox.conf import get_settings
 from django_outbox.models import Message
 from django_outbox.relay import RelayConfig, backoff_seconds
 from django_outbox.transports.base import BaseTransport
-from tests.conftest import connect_raw
+from tests.support.checks import ACCEPTED_CHANNELS, NATS_STREAMS, NATS_SUBJECTS, REFUSED_CHANNELS, outbox_ids
 
 NAN = float("nan")
 INF = float("inf")
@@ -34,39 +32,7 @@ NATS = "django_outbox.transports.nats.NATSTransport"
 EMAIL = "django_outbox.mail.transport.EmailTransport"
 
 
-def outbox_ids(**outbox: Any) -> list[str]:
-    """The django_outbox ids ``manage.py check`` reports for ``OUTBOX``; a check that raises fails the test."""
-    with override_settings(OUTBOX=outbox):
-        return sorted({m.id for m in checks.run_checks() if m.id and m.id.startswith("django_outbox.")})
-
-
 # --- NOTIFY_CHANNEL ----------------------------------------------------------------------------------
-
-#: Channel names PostgreSQL refuses in pg_notify() and LISTEN (probed against the server, see below).
-REFUSED_CHANNELS = [
-    "a" * 64,  # longer than NAMEDATALEN - 1 = 63 bytes
-    "\u00e9" * 32,  # 32 characters, 64 bytes in UTF-8
-    "\U0001f600" * 16,  # 16 characters, 64 bytes
-    "",  # "channel name cannot be empty"
-    "a\x00b",  # text cannot hold NUL
-    "\ud800",  # a lone surrogate cannot be sent as UTF-8 at all
-]
-#: Channel names PostgreSQL takes, however odd: LISTEN quotes the identifier, pg_notify() takes text.
-ACCEPTED_CHANNELS = [
-    "django_outbox",
-    "a" * 63,
-    "\u00e9" * 31 + "a",
-    "\U0001f600" * 15,
-    'a"b',
-    "a'b",
-    "a b",
-    "UPPER",
-    "1abc",
-    "\u65e5\u672c\u8a9e",
-    "a;b",
-    "\t",
-    "a\nb",
-]
 
 
 @pytest.mark.parametrize("channel", REFUSED_CHANNELS)
@@ -81,37 +47,6 @@ def test_a_channel_postgres_takes_passes_check(channel):
 
 def test_a_channel_that_is_not_a_string_stays_a_type_error():
     assert outbox_ids(NOTIFY_CHANNEL=7) == ["django_outbox.E003"]
-
-
-def _server_takes(channel: str) -> bool:
-    """Whether this PostgreSQL server LISTENs on ``channel`` and delivers a pg_notify() sent to it."""
-    import psycopg
-    from psycopg import sql
-
-    try:
-        with connect_raw(autocommit=True) as listener, connect_raw(autocommit=True) as sender:
-            listener.execute(sql.SQL("LISTEN {}").format(sql.Identifier(channel)))
-            sender.execute("SELECT pg_notify(%s, 'ping')", [channel])
-            return [n.payload for n in listener.notifies(timeout=5, stop_after=1)] == ["ping"]
-    except (psycopg.Error, UnicodeError):
-        return False
-
-
-@pytest.mark.django_db
-@pytest.mark.parametrize("channel", REFUSED_CHANNELS + ACCEPTED_CHANNELS)
-def test_check_agrees_with_the_real_server_about_each_channel(postgres, channel):
-    assert _server_takes(channel) == (outbox_ids(NOTIFY_CHANNEL=channel) == [])
-
-
-@pytest.mark.django_db(transaction=True)
-def test_the_longest_channel_check_passes_works_for_send(postgres, handler):
-    """63 bytes: check passes and send() commits (64 made every send() raise DataError in its transaction)."""
-    channel = "\u00e9" * 31 + "a"
-    with override_settings(OUTBOX={"NOTIFY_CHANNEL": channel}):
-        assert outbox_ids(NOTIFY_CHANNEL=channel) == []
-        with transaction.atomic():
-            outbox.send("probe.created", {"n": 1})
-    assert Message.objects.filter(topic="probe.created").count() == 1
 
 
 # --- numeric settings ----------------------------------------------------------------------------------
@@ -295,7 +230,7 @@ def test_a_check_that_raises_becomes_an_error_naming_it():
     with override_settings(
         OUTBOX={
             "TRANSPORTS": {
-                "boom": {"BACKEND": "tests.test_check_bounds.ExplodingTransport"},
+                "boom": {"BACKEND": "tests.unit.test_check_bounds.ExplodingTransport"},
                 "hooks": {"BACKEND": WEBHOOK, "OPTIONS": {"URL": "nope", "SECRET": SECRET}},
             }
         }
@@ -377,15 +312,6 @@ def test_a_numeric_broker_option_must_declare_both_bounds():
     option(1.0, kind=float, minimum=0.1, maximum=10)
 
 
-#: Stream names and subject templates, and whether the real NATS server takes them (probed: nats-py refuses
-#: stream names with . * > / \ or whitespace, the server NUL; a subject with whitespace is refused by the
-#: client, one with an empty token ("a..b", "a.") gets no answer from JetStream).
-NATS_STREAMS = [("OUTBOX", True), ("OUT_BOX-1", True), ("\u00c9V\u00c9NEMENTS", True), ("A.B", False), ("A B", False)]
-NATS_STREAMS += [("A*", False), ("A>", False), ("A/B", False), ("A\\B", False), ("A\x00", False), ("", False)]
-NATS_SUBJECTS = [("{topic}", True), ("outbox.{topic}", True), ("a b.{topic}", False), ("a..{topic}", False)]
-NATS_SUBJECTS += [("{topic}.", False), (".{topic}", False), ("a\t{topic}", False), ("x.{topic}\n", False)]
-
-
 @pytest.mark.parametrize(("stream", "works"), NATS_STREAMS)
 def test_nats_stream_names_the_server_refuses_are_reported(stream, works):
     options = {**BASE_OPTIONS[NATS], "STREAM": stream}
@@ -396,29 +322,3 @@ def test_nats_stream_names_the_server_refuses_are_reported(stream, works):
 def test_nats_subjects_the_server_refuses_are_reported(subject, works):
     options = {**BASE_OPTIONS[NATS], "SUBJECT": subject}
     assert transport_ids(NATS, options) == ([] if works else ["django_outbox.E052"])
-
-
-@pytest.mark.parametrize(("stream", "works"), [s for s in NATS_STREAMS if s[0]])
-def test_the_nats_stream_verdicts_match_the_real_server(stream, works):
-    import asyncio
-
-    import nats
-
-    from tests.conftest import require_service
-
-    require_service("NATS", "127.0.0.1", 4222)
-
-    async def create() -> bool:
-        nc = await nats.connect("nats://127.0.0.1:4222", connect_timeout=5)
-        try:
-            js = nc.jetstream()
-            try:
-                await js.add_stream(name=stream, subjects=["outbox-check-probe.x"])
-            except Exception:
-                return False
-            await js.delete_stream(stream)
-            return True
-        finally:
-            await nc.close()
-
-    assert asyncio.run(create()) == works

@@ -1,7 +1,6 @@
 from __future__ import annotations
 
 import pytest
-from django.core import checks
 from django.core.management import call_command
 from django.core.management.base import SystemCheckError
 from django.test import override_settings
@@ -10,10 +9,7 @@ import django_outbox
 from django_outbox.checks import database_messages
 from django_outbox.conf import get_settings
 from django_outbox.exceptions import OutboxImproperlyConfigured
-
-
-def outbox_errors() -> list[str]:
-    return sorted({m.id for m in checks.run_checks() if m.id and m.id.startswith("django_outbox.")})
+from tests.support.checks import outbox_errors
 
 
 def test_public_names_are_sorted_and_importable():
@@ -83,3 +79,10 @@ def test_settings_are_reread_after_override():
     with override_settings(OUTBOX={"MAX_ATTEMPTS": 9}):
         assert get_settings().MAX_ATTEMPTS == 9
     assert get_settings().MAX_ATTEMPTS == 5
+
+
+def test_handler_timeout_setting_is_read():
+    assert get_settings().HANDLER_TIMEOUT_SECONDS is None
+    with override_settings(OUTBOX={"HANDLER_TIMEOUT_SECONDS": 2}):
+        assert get_settings().HANDLER_TIMEOUT_SECONDS == 2.0
+        assert outbox_errors() == []

@@ -7,7 +7,7 @@ import re
 
 import pytest
 
-from .conftest import ROOT
+from tests.support import ROOT
 
 #: ``tests/test_x.py::test_name`` and the short form ``::test_name`` after a full one in the same cell.
 _REFERENCE = re.compile(r"(tests/[\w/]+\.py)?::((?:test|Test)\w*)")

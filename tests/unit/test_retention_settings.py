@@ -9,8 +9,7 @@ from django.test import override_settings
 
 from django_outbox.conf import get_settings
 from django_outbox.exceptions import OutboxImproperlyConfigured
-
-from .test_checks import outbox_errors
+from tests.support.checks import outbox_errors
 
 
 def test_defaults():

@@ -24,8 +24,7 @@ from django_outbox.relay import Relay, RelayConfig
 from django_outbox.testing import relay_all
 from testproject.shop.models import Order
 from tests.probe.models import Delivery
-
-from .conftest import wait_for
+from tests.support.waiting import wait_for
 
 transactional = pytest.mark.django_db(transaction=True)
 

@@ -13,8 +13,7 @@ from django_outbox import outbox
 from django_outbox.conf import get_settings
 from django_outbox.models import Message
 from django_outbox.relay import Relay, RelayConfig
-
-from .conftest import is_postgres
+from tests.support.database import is_postgres
 
 pytestmark = pytest.mark.django_db(transaction=True)
 

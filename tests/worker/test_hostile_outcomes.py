@@ -27,9 +27,8 @@ from django_outbox.models import Attempt, Message
 from django_outbox.relay import MAX_DELAY_SECONDS, Relay, RelayConfig, backoff_seconds
 from django_outbox.transports.base import BatchTransport
 from tests.probe.models import Delivery
-
-from .conftest import wait_for
-from .servers import HTTPServer, Reply
+from tests.support.servers import HTTPServer, Reply
+from tests.support.waiting import wait_for
 
 pytestmark = pytest.mark.django_db(transaction=True)
 

@@ -15,9 +15,9 @@ from django_outbox import PermanentDeliveryError, outbox, signals, store
 from django_outbox.models import Attempt, Message
 from django_outbox.relay import Relay, RelayConfig, backoff_seconds
 from django_outbox.testing import relay_all
-
-from .conftest import connect_raw, wait_for
-from .factories import MessageFactory
+from tests.support.database import connect_raw
+from tests.support.factories import MessageFactory
+from tests.support.waiting import wait_for
 
 pytestmark = pytest.mark.django_db(transaction=True)
 

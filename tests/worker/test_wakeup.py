@@ -13,8 +13,8 @@ from django.test.utils import CaptureQueriesContext
 from django_outbox import outbox, store
 from django_outbox.models import Message
 from django_outbox.relay import Relay, RelayConfig
-
-from .conftest import connect_raw, direct_only, needs_session_listen, wait_for
+from tests.support.database import connect_raw, direct_only, needs_session_listen
+from tests.support.waiting import wait_for
 
 pytestmark = [pytest.mark.django_db(transaction=True), pytest.mark.usefixtures("postgres")]
 

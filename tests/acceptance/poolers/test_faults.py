@@ -1,7 +1,7 @@
 """A pooler's own faults mid-drain: PgBouncer killed and restarted on its port, and paused from its console.
 
 The server behind it never goes away; only the path does. Real worker processes reach the test database
-through a private PgBouncer 1.18 (tests/pgbouncer.py), in transaction pooling with the listener on a
+through a private PgBouncer 1.18 (tests/support/pgbouncer.py), in transaction pooling with the listener on a
 direct alias (``OUTBOX["LISTEN_DATABASE"]``, as docs/deploying.md recommends) and in session pooling with
 the listener through the pooler too. bench/chaos.py ``--pooler`` runs the same faults among the others.
 """
@@ -13,37 +13,27 @@ import contextlib
 import signal
 import threading
 import time
-from collections.abc import Iterator
 
 import psycopg
 import pytest
-from django.db import connection
 
 from django_outbox import outbox
 from django_outbox.models import Attempt, Message, Worker
-
-from . import pgbouncer
-from .conftest import WorkerProcess, wait_for
-from .probe.models import Delivery
+from tests.probe.models import Delivery
+from tests.support import pgbouncer
+from tests.support.processes import WorkerProcess
+from tests.support.waiting import wait_for
 
 pytestmark = [pytest.mark.django_db(transaction=True), pytest.mark.usefixtures("postgres"), pytest.mark.slow]
 
 
-@pytest.fixture(params=["transaction", "session"])
-def bouncer(request) -> Iterator[pgbouncer.PgBouncer]:
-    pgbouncer.require()
-    pooler = pgbouncer.PgBouncer(request.param, pool_size=4 if request.param == "transaction" else 30)
-    yield pooler
-    pooler.stop()
+#: These scenarios have always run with four server connections in transaction pooling (the others three).
+TRANSACTION_POOL_SIZE = 4
 
 
-def env_for(pooler: pgbouncer.PgBouncer) -> dict[str, str]:
+def through(pooler: pgbouncer.PgBouncer) -> dict[str, str]:
     """Workers through the pooler; in transaction pooling the listener on a direct alias of its own."""
-    s = connection.settings_dict
-    env = {"DATABASE_URL": pooler.url(s["NAME"]), "OUTBOX_LOG_LEVEL": "WARNING", "DEBUG": "false"}
-    if pooler.mode == "transaction":
-        env["LISTEN_DATABASE_URL"] = f"postgres://postgres@{s['HOST'] or '127.0.0.1'}:{s['PORT'] or 5432}/{s['NAME']}"
-    return env
+    return pgbouncer.worker_env(pooler, listen_direct=True)
 
 
 def delivered() -> int:
@@ -54,7 +44,7 @@ def test_an_idle_worker_wakes_at_commit_again_after_the_pooler_restarts(bouncer)
     """After the kill every connection through the pooler is dead: the listener's too in session pooling.
     With a minute's poll interval only a listener that reconnected (and a worker that replaced its dead
     connection) explains a delivery within seconds of the commit."""
-    worker = WorkerProcess("--poll-interval", "60", env=env_for(bouncer))
+    worker = WorkerProcess("--poll-interval", "60", env=through(bouncer))
     try:
         wait_for(lambda: Worker.objects.filter(stopped_at__isnull=True).exists(), timeout=30)
         time.sleep(1.0)  # the listener's probe, then idle
@@ -76,7 +66,7 @@ def test_a_pooler_restart_mid_drain_loses_nothing_and_each_duplicate_has_an_uncl
     total = 600
     for n in range(total):
         outbox.send("probe.restart_drain", {"n": n})
-    workers = [WorkerProcess("--lease", "2", "--poll-interval", "0.2", env=env_for(bouncer)) for _ in range(2)]
+    workers = [WorkerProcess("--lease", "2", "--poll-interval", "0.2", env=through(bouncer)) for _ in range(2)]
     try:
         wait_for(lambda: delivered() >= 50, timeout=60)
         assert delivered() < total, "the restart must strike mid-drain"
@@ -114,7 +104,7 @@ def test_a_pause_mid_drain_holds_the_workers_without_an_outage_or_a_duplicate(bo
     total = 600
     for n in range(total):
         outbox.send("probe.pause_drain", {"n": n})
-    workers = [WorkerProcess("--poll-interval", "0.2", env=env_for(bouncer)) for _ in range(2)]
+    workers = [WorkerProcess("--poll-interval", "0.2", env=through(bouncer)) for _ in range(2)]
     try:
         wait_for(lambda: delivered() >= 50, timeout=60)
         # In session pooling PAUSE returns only once every client has let go of its server session, which

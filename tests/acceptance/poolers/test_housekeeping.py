@@ -18,16 +18,20 @@ from django.utils import timezone
 
 from django_outbox import housekeeping
 from django_outbox.models import Message
+from tests.support import pgbouncer, pooled
+from tests.support.factories import AttemptFactory, MessageFactory
 
-from . import pgbouncer, pooled
-from .factories import AttemptFactory, MessageFactory
-
-pytestmark = [pytest.mark.django_db(transaction=True), pytest.mark.usefixtures("postgres"), pytest.mark.slow]
+pytestmark = [
+    pytest.mark.django_db(transaction=True),
+    pytest.mark.usefixtures("postgres", "empty_archive"),
+    pytest.mark.slow,
+]
 ALIAS = "through_pooler"
 
 
 @pytest.fixture
 def bouncer() -> Iterator[pgbouncer.PgBouncer]:
+    """Transaction pooling only, with two server connections, in front of the server itself."""
     pgbouncer.require()
     host, port = pooled.direct() or (connection.settings_dict["HOST"] or "127.0.0.1", connection.settings_dict["PORT"])
     pooler = pgbouncer.PgBouncer("transaction", server_host=host, server_port=int(port or 5432), pool_size=2)
@@ -38,16 +42,6 @@ def bouncer() -> Iterator[pgbouncer.PgBouncer]:
             wrapper.close()
         opened.clear()
         pooler.stop()
-
-
-@pytest.fixture(autouse=True)
-def empty_archive(postgres, django_db_blocker) -> Iterator[None]:
-    yield
-    with django_db_blocker.unblock(), connection.cursor() as cursor:
-        for table in (housekeeping.ARCHIVED_ATTEMPT, housekeeping.ARCHIVED_MESSAGE):
-            cursor.execute(f"DELETE FROM {table}")
-            for name in housekeeping.partitions(connection, table):
-                cursor.execute(f"DROP TABLE {name}")
 
 
 opened: list[Any] = []

@@ -7,36 +7,18 @@ import signal
 import subprocess
 import sys
 import time
-from collections.abc import Iterator
 
 import pytest
 from django.db import connection
 
 from django_outbox import outbox, wakeup
 from django_outbox.models import Message, Worker
-
-from . import pgbouncer
-from .conftest import ROOT, WorkerProcess, send_in_process, wait_for, worker_env
-from .probe.models import Delivery
+from tests.probe.models import Delivery
+from tests.support import ROOT, pgbouncer
+from tests.support.processes import WorkerProcess, send_in_process, worker_env
+from tests.support.waiting import wait_for
 
 pytestmark = [pytest.mark.django_db(transaction=True), pytest.mark.usefixtures("postgres"), pytest.mark.slow]
-
-
-@pytest.fixture(params=["transaction", "session"])
-def bouncer(request) -> Iterator[pgbouncer.PgBouncer]:
-    pgbouncer.require()
-    # Fewer server connections than clients in transaction pooling, as in production: clients share them.
-    pooler = pgbouncer.PgBouncer(request.param, pool_size=3 if request.param == "transaction" else 30)
-    yield pooler
-    pooler.stop()
-
-
-def through(pooler: pgbouncer.PgBouncer) -> dict[str, str]:
-    return {
-        "DATABASE_URL": pooler.url(connection.settings_dict["NAME"]),
-        "OUTBOX_LOG_LEVEL": "WARNING",
-        "DEBUG": "false",
-    }
 
 
 def test_default_workers_deliver_every_message_once_through_the_pooler(bouncer):
@@ -44,7 +26,7 @@ def test_default_workers_deliver_every_message_once_through_the_pooler(bouncer):
     for n in range(total):
         outbox.send("probe.pooled", {"n": n})
     started = time.monotonic()
-    workers = [WorkerProcess("--until-empty", env=through(bouncer)) for _ in range(2)]
+    workers = [WorkerProcess("--until-empty", env=pgbouncer.worker_env(bouncer)) for _ in range(2)]
     outputs = []
     for worker in workers:
         code, out = worker.wait(timeout=120)
@@ -63,11 +45,6 @@ def test_default_workers_deliver_every_message_once_through_the_pooler(bouncer):
     assert elapsed < 20, f"{total} messages took {elapsed:.0f}s through the pooler"
 
 
-def direct(database: str) -> str:
-    settings = connection.settings_dict
-    return f"postgres://postgres@{settings['HOST'] or '127.0.0.1'}:{settings['PORT'] or 5432}/{database}"
-
-
 def check_output(env: dict[str, str]) -> str:
     result = subprocess.run(
         [sys.executable, str(ROOT / "manage.py"), "check", "--database", "default"],
@@ -81,21 +58,21 @@ def check_output(env: dict[str, str]) -> str:
 
 
 def test_check_warns_when_the_listen_hears_nothing_and_listen_database_mends_it(bouncer):
-    env = through(bouncer)
+    env = pgbouncer.worker_env(bouncer)
     if bouncer.mode == "session":
         assert "django_outbox.W002" not in check_output(env), "a session keeps its LISTEN"
         return
     out = check_output(env)
     assert "django_outbox.W002" in out and "will only poll" in out, out
-    out = check_output({**env, "LISTEN_DATABASE_URL": direct(connection.settings_dict["NAME"])})
+    out = check_output({**env, "LISTEN_DATABASE_URL": pgbouncer.direct_url(connection.settings_dict["NAME"])})
     assert "django_outbox.W002" not in out, out
 
 
 def test_an_idle_worker_behind_transaction_pooling_wakes_at_commit_through_listen_database(bouncer):
     """Sent through the pooler (NOTIFY is transactional, so it works there), heard on the direct alias."""
-    env = through(bouncer)
+    env = pgbouncer.worker_env(bouncer)
     name = connection.settings_dict["NAME"]
-    worker = WorkerProcess("--poll-interval", "60", env={**env, "LISTEN_DATABASE_URL": direct(name)})
+    worker = WorkerProcess("--poll-interval", "60", env={**env, "LISTEN_DATABASE_URL": pgbouncer.direct_url(name)})
     try:
         wait_for(lambda: Worker.objects.filter(stopped_at__isnull=True).exists(), timeout=30)
         time.sleep(1.0)  # the probe, then idle: only a wake-up can explain a delivery within seconds
@@ -111,7 +88,7 @@ def test_an_idle_worker_behind_transaction_pooling_wakes_at_commit_through_liste
 def test_a_deaf_listener_says_so_once_and_the_worker_still_delivers_by_polling(bouncer):
     if bouncer.mode == "session":
         pytest.skip("a session keeps its LISTEN")
-    worker = WorkerProcess("--poll-interval", "0.5", env=through(bouncer))
+    worker = WorkerProcess("--poll-interval", "0.5", env=pgbouncer.worker_env(bouncer))
     try:
         outbox.send("probe.polled", {})
         wait_for(lambda: Delivery.objects.filter(topic="probe.polled").exists(), timeout=20)

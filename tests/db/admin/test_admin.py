@@ -15,8 +15,7 @@ from django.utils import timezone
 
 from django_outbox.counting import EstimatingPaginator
 from django_outbox.models import Message
-
-from .factories import AttemptFactory, MessageFactory
+from tests.support.factories import AttemptFactory, MessageFactory
 
 pytestmark = pytest.mark.django_db
 

@@ -10,11 +10,9 @@ from django.urls import reverse
 
 from django_outbox import housekeeping, overview
 from django_outbox.archive_models import ArchivedMessage
+from tests.support.factories import MessageFactory, finished
 
-from .factories import MessageFactory
-from .test_housekeeping import empty_archive, finished  # noqa: F401  (fixture)
-
-pytestmark = pytest.mark.django_db(transaction=True)
+pytestmark = [pytest.mark.django_db(transaction=True), pytest.mark.usefixtures("empty_archive")]
 
 OVERVIEW = reverse("admin:django_outbox_message_overview")
 

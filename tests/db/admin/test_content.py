@@ -30,12 +30,9 @@ from django_outbox.conf import EMAIL_TOPIC, _parse
 from django_outbox.mail.models import OutboxEmail
 from django_outbox.models import Attempt, Message
 from django_outbox.redaction import AUDIT_LOGGER, CONTENT_PERMISSION, PASSWORD_RESET
+from tests.support.factories import AttemptFactory, MessageFactory
 
-from .factories import AttemptFactory, MessageFactory
-from .test_housekeeping import empty_archive  # noqa: F401  (fixture)
-from .test_mail import mail_via_outbox  # noqa: F401  (fixture)
-
-pytestmark = pytest.mark.django_db(transaction=True)
+pytestmark = [pytest.mark.django_db(transaction=True), pytest.mark.usefixtures("empty_archive")]
 
 VIEW_ONLY = ("view_message", "view_outboxemail", "view_archivedmessage", "view_archivedattempt")
 RESET_LINK = re.compile(r"/accounts/reset/(?P<uid>[\w-]+)/(?P<token>[\w-]+)/")
@@ -58,7 +55,7 @@ def staff(username: str, *codenames: str) -> Client:
 
 
 @pytest.fixture
-def outbox_mail(mail_via_outbox):  # noqa: F811
+def outbox_mail(mail_via_outbox):
     mail_via_outbox(1)  # nothing is delivered in these tests; emails stay in the outbox
 
 

@@ -11,8 +11,7 @@ import pytest
 
 from django_outbox.models import Message
 from django_outbox.transports.amqp import AMQPTransport
-
-from .brokers import (
+from tests.support.brokers import (
     FlakyProxy,
     Received,
     assert_all_received,
@@ -23,7 +22,7 @@ from .brokers import (
     send_many,
     unique_prefix,
 )
-from .conftest import require_service
+from tests.support.services import require_service
 
 pytestmark = pytest.mark.django_db(transaction=True)
 

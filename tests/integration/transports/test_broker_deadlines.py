@@ -21,11 +21,11 @@ from django.test import override_settings
 from django_outbox import outbox
 from django_outbox.checks import check_settings
 from django_outbox.models import Attempt, Message
-
-from .brokers import running_relay, unique_prefix
-from .conftest import require_service, wait_for
-from .proxy import FlakyProxy
-from .servers import SlowServer
+from tests.support.brokers import running_relay, unique_prefix
+from tests.support.proxy import FlakyProxy
+from tests.support.servers import SlowServer
+from tests.support.services import require_service
+from tests.support.waiting import wait_for
 
 pytestmark = pytest.mark.django_db(transaction=True)
 

@@ -13,8 +13,7 @@ import pytest
 
 from django_outbox.models import Message
 from django_outbox.transports.nats import NATSTransport
-
-from .brokers import (
+from tests.support.brokers import (
     FlakyProxy,
     Received,
     assert_all_received,
@@ -25,7 +24,8 @@ from .brokers import (
     send_many,
     unique_prefix,
 )
-from .conftest import require_service
+from tests.support.checks import NATS_STREAMS
+from tests.support.services import require_service
 
 pytestmark = pytest.mark.django_db(transaction=True)
 
@@ -144,3 +144,23 @@ def test_outage_fails_attempts_then_the_worker_reconnects_and_nothing_is_lost(je
         proxy.close()
     # the server's duplicate window absorbs republished messages, so even here each arrives once
     assert_all_received(sent, read_stream(stream), in_order=False)
+
+
+@pytest.mark.parametrize(("stream", "works"), [s for s in NATS_STREAMS if s[0]])
+def test_the_nats_stream_verdicts_match_the_real_server(stream, works):
+    require_service("NATS", "127.0.0.1", 4222)
+
+    async def create() -> bool:
+        nc = await nats.connect("nats://127.0.0.1:4222", connect_timeout=5)
+        try:
+            js = nc.jetstream()
+            try:
+                await js.add_stream(name=stream, subjects=["outbox-check-probe.x"])
+            except Exception:
+                return False
+            await js.delete_stream(stream)
+            return True
+        finally:
+            await nc.close()
+
+    assert asyncio.run(create()) == works

@@ -11,8 +11,7 @@ import redis
 
 from django_outbox.models import Message
 from django_outbox.transports.redis import RedisStreamsTransport
-
-from .brokers import (
+from tests.support.brokers import (
     KEYS,
     FlakyProxy,
     Received,
@@ -24,7 +23,7 @@ from .brokers import (
     send_many,
     unique_prefix,
 )
-from .conftest import require_service
+from tests.support.services import require_service
 
 pytestmark = pytest.mark.django_db(transaction=True)
 
