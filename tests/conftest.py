@@ -2,7 +2,6 @@ from __future__ import annotations
 
 import os
 from collections.abc import Callable, Iterator
-from pathlib import Path
 
 import pytest
 from django.db import connection
@@ -37,26 +36,12 @@ def pytest_report_header() -> str | None:
     return f"through PgBouncer ({bouncer.mode} pooling) on 127.0.0.1:{bouncer.port}, server at {pooled.direct()}"
 
 
-#: The one layer that never touches a database (``tests/unit/conftest.py`` enforces it).
-UNIT = Path(__file__).resolve().parent / "unit"
-
-
-@pytest.fixture(autouse=True)
-def _test_database_ready(request: pytest.FixtureRequest) -> None:
-    """Every layer but ``tests/unit`` may use the test database: set it up before their first test, with
-    what the session needs around it. A unit test sets up nothing, so ``pytest tests/unit`` runs with
-    no database server at all."""
-    if UNIT in request.path.parents:
-        return
-    request.getfixturevalue("_json_support_known")
-    request.getfixturevalue("_pooler_lets_go")
-
-
-@pytest.fixture(scope="session")
+@pytest.fixture(scope="session", autouse=True)
 def _json_support_known(django_db_setup, django_db_blocker) -> None:
     """Django 6.x's model checks ask each database whether it supports JSON fields, so a test that runs
     ``run_checks()`` (as ``manage.py check`` does) would need database access. The answer is cached on
-    the connection: ask once, up front."""
+    the connection: ask once, up front. (tests/unit/conftest.py replaces this and the next fixture for
+    the unit layer, which sets up no database at all.)"""
     from django.db import connections
 
     with django_db_blocker.unblock():
@@ -64,7 +49,7 @@ def _json_support_known(django_db_setup, django_db_blocker) -> None:
             connections[alias].features.supports_json_field  # noqa: B018
 
 
-@pytest.fixture(scope="session")
+@pytest.fixture(scope="session", autouse=True)
 def _pooler_lets_go(django_db_setup, django_db_blocker) -> Iterator[None]:
     """Under ``TEST_POOLER``, the pooler keeps server connections to the test databases after the run:
     close them before pytest-django drops those databases (set up after it, so torn down before)."""

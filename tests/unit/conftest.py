@@ -22,8 +22,15 @@ def pytest_runtest_setup(item: pytest.Item) -> None:
 
 
 @pytest.fixture(scope="session", autouse=True)
-def _json_support_known_without_asking() -> None:
-    """Django 6.x's model checks ask each database whether it supports JSON fields, which would connect
+def _pooler_lets_go() -> None:
+    """Replaces tests/conftest.py's fixture of that name, which sets up the test database: no pooler here."""
+
+
+@pytest.fixture(scope="session", autouse=True)
+def _json_support_known() -> None:
+    """Replaces tests/conftest.py's fixture of that name, which sets up the test database to ask.
+
+    Django 6.x's model checks ask each database whether it supports JSON fields, which would connect
     from a unit test that runs ``run_checks()``. The answer holds for every supported vendor, so tell
     Django instead of asking (unless an earlier layer of the same run asked already)."""
     for alias in connections:
