@@ -4,7 +4,7 @@
     python3 dev.py demo     # make .venv, migrate a SQLite demo database, place orders, relay them
     python3 dev.py test     # ruff, mypy, the docs site, then the test suite on SQLite and PostgreSQL (and Django 6.x),
                             # and its core modules through PgBouncer in transaction and session pooling
-    python3 dev.py test --pooler transaction -- tests/test_inbox.py   # one module through the pooler
+    python3 dev.py test --pooler transaction -- tests/db/test_inbox.py   # one module through the pooler
 
 It creates the virtual environments it needs (``.venv`` for Django 5.2 on this Python, ``.venv-django6``
 on Python 3.12+ when one is found) and reinstalls them when pyproject.toml changes.
@@ -27,28 +27,28 @@ ROOT = Path(__file__).resolve().parent
 DEFAULT_PG_URL = "postgres://postgres@127.0.0.1:5432/test"
 #: Run once more with USE_TZ = False (naive times in a zone away from UTC): what handles time.
 NAIVE_TIME_TESTS = [
-    "tests/test_housekeeping.py",
-    "tests/test_retention_settings.py",
-    "tests/test_relay.py",
-    "tests/test_worker_processes.py",
-    "tests/test_admin.py",
-    "tests/test_status_command.py",
-    "tests/test_ordering.py",
+    "tests/db/test_housekeeping.py",
+    "tests/unit/test_retention_settings.py",
+    "tests/worker/test_relay.py",
+    "tests/acceptance/test_worker_processes.py",
+    "tests/db/admin/test_admin.py",
+    "tests/db/test_status_command.py",
+    "tests/db/test_ordering.py",
 ]
 #: Run once more through a private PgBouncer in each pool mode (Django 5.2, PostgreSQL): the core
 #: scenarios (send in the caller's transaction, workers exactly once, SIGKILL, retries, dead, the admin's
 #: actions, Idempotency-Key endpoints, the inbox, ordering, housekeeping) with the default settings.
 POOLER_TESTS = [
-    "tests/test_send.py",
-    "tests/test_send_idempotency.py",
-    "tests/test_worker_processes.py",
-    "tests/test_relay.py",
-    "tests/test_admin.py",
-    "tests/test_idempotency.py",
-    "tests/test_inbox.py",
-    "tests/test_ordering.py",
-    "tests/test_housekeeping.py",
-    "tests/test_wakeup.py",
+    "tests/db/test_send.py",
+    "tests/db/test_send_idempotency.py",
+    "tests/acceptance/test_worker_processes.py",
+    "tests/worker/test_relay.py",
+    "tests/db/admin/test_admin.py",
+    "tests/db/test_idempotency.py",
+    "tests/db/test_inbox.py",
+    "tests/db/test_ordering.py",
+    "tests/db/test_housekeeping.py",
+    "tests/worker/test_wakeup.py",
 ]
 PGBOUNCER = Path("/usr/sbin/pgbouncer")
 
@@ -209,7 +209,7 @@ def cmd_test(args: argparse.Namespace) -> None:
 
 
 def pooler_env(pg_url: str, mode: str) -> dict[str, str]:
-    """tests/settings.py starts the PgBouncer (tests/pooled.py) and points the test databases through it."""
+    """tests/settings.py starts the PgBouncer (tests/support/pooled.py) and points the test databases through it."""
     return {"DATABASE_URL": pg_url, "TEST_POOLER": mode, "TEST_POOLER_DIRECT": ""}
 
 

@@ -24,7 +24,7 @@ applies their effects the same way and acknowledges each entry after its commit 
 same faults, and restarted), and the stream is read back for the raw audit.
 
 With ``--pooler transaction`` (or ``session``), producers, workers and the stream consumer reach the
-private cluster through a private PgBouncer (Debian's ``pgbouncer``, tests/pgbouncer.py) with fewer server
+private cluster through a private PgBouncer (Debian's ``pgbouncer``, tests/support/pgbouncer.py) with fewer server
 connections than clients in transaction pooling; in transaction pooling the workers' listener has a direct
 alias of its own (``OUTBOX["LISTEN_DATABASE"]``, as docs/deploying.md recommends), in session pooling it
 goes through the pooler too. Two more faults strike mid-drain: the pooler is killed (SIGKILL) and started
@@ -262,7 +262,7 @@ class Run:
     cluster: PrivateCluster | None  # None on SQLite
     workdir: Path
     env: dict[str, str]
-    pooler: Any = None  # a tests.pgbouncer.PgBouncer in front of the cluster, with --pooler
+    pooler: Any = None  # a tests.support.pgbouncer.PgBouncer in front of the cluster, with --pooler
     workers: list[subprocess.Popen[bytes]] = field(default_factory=list)
     producers: list[subprocess.Popen[bytes]] = field(default_factory=list)
     consumers: list[subprocess.Popen[bytes]] = field(default_factory=list)  # of the Redis stream
@@ -381,7 +381,7 @@ def broker_proxy(args: argparse.Namespace, env: dict[str, str]) -> Iterator[Any]
     if args.broker is None:
         yield None
         return
-    from tests.proxy import FlakyProxy
+    from tests.support.proxy import FlakyProxy
 
     proxy = FlakyProxy("127.0.0.1", 6379)
     env["CHAOS_REDIS_URL"] = f"redis://127.0.0.1:{proxy.port}/0"
@@ -393,7 +393,7 @@ def broker_proxy(args: argparse.Namespace, env: dict[str, str]) -> Iterator[Any]
 
 
 def start_pooler(mode: str, cluster: PrivateCluster) -> Any:
-    from tests import pgbouncer
+    from tests.support import pgbouncer
 
     if not pgbouncer.available():
         sys.exit(f"chaos: --pooler needs PgBouncer at {pgbouncer.BINARY} (apt-get install pgbouncer)")

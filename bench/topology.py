@@ -439,7 +439,7 @@ def main(argv: list[str] | None = None) -> int:
     dsn = os.environ["DATABASE_URL"]
     if not dsn.startswith("postgres"):
         parser.error("DATABASE_URL must name a PostgreSQL database of the benchmark's own")
-    from tests import pgbouncer
+    from tests.support import pgbouncer
 
     if not pgbouncer.available():
         parser.error(f"PgBouncer is needed ({pgbouncer.BINARY}; apt-get install pgbouncer)")

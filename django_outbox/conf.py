@@ -322,7 +322,7 @@ def _is_base_url(url: str) -> bool:
 def channel_problem(channel: str) -> str | None:
     """Why PostgreSQL refuses ``channel`` in ``LISTEN`` and ``pg_notify()``, or None if it takes it.
 
-    Probed against the server (tests/test_check_bounds.py): any character is fine, quotes, spaces and
+    Probed against the server (tests/unit/test_check_bounds.py): any character is fine, quotes, spaces and
     newlines included (LISTEN quotes the identifier), except NUL; the name must not be empty and must fit
     in 63 bytes of UTF-8, or pg_notify() raises "channel name too long" inside the sender's transaction.
     """

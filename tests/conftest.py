@@ -1,14 +1,7 @@
 from __future__ import annotations
 
 import os
-import signal
-import socket
-import subprocess
-import sys
-import time
 from collections.abc import Callable, Iterator
-from pathlib import Path
-from typing import Any
 
 import pytest
 from django.db import connection
@@ -17,10 +10,12 @@ from hypothesis import settings as hypothesis_settings
 
 from django_outbox.routing import registry
 
-from . import pooled
+from .support import IN_CI, pooled
+from .support.database import is_postgres, is_postgres_alias
+from .support.processes import WorkerProcess
 
-ROOT = Path(__file__).resolve().parent.parent
-IN_CI = os.environ.get("CI") == "true"
+#: Fixtures more than one layer uses; the helpers are imported from their ``tests.support`` module.
+pytest_plugins = ["tests.support.archive", "tests.support.browser", "tests.support.mail"]
 
 # Property-based tests: a capped profile under CI (the suite runs in four cells), a fuller one by hand
 # (HYPOTHESIS_PROFILE=thorough). No deadline: a database round trip's time is machine noise. Tests that
@@ -41,60 +36,12 @@ def pytest_report_header() -> str | None:
     return f"through PgBouncer ({bouncer.mode} pooling) on 127.0.0.1:{bouncer.port}, server at {pooled.direct()}"
 
 
-def is_postgres() -> bool:
-    return connection.vendor == "postgresql"
-
-
-def connect_raw(*, direct: bool = False, **options: Any) -> Any:
-    """A psycopg connection of its own to the test database (PostgreSQL), beside Django's.
-
-    ``direct``: to the server itself even when the run goes through a pooler (``TEST_POOLER``), for a
-    helper that needs a session of its own, such as a test's ``LISTEN``.
-    """
-    import psycopg
-
-    params = connection.get_connection_params()
-    params.pop("cursor_factory", None)  # Django's, for its own connections
-    params.pop("context", None)
-    if direct and (server := pooled.direct()) is not None:
-        params["host"], params["port"] = server
-    return psycopg.connect(**params, **options)
-
-
-#: For tests of a worker woken by NOTIFY with the default settings: through transaction pooling its
-#: LISTEN cannot hear by nature (the worker says so once and polls; tests/test_pgbouncer.py covers that,
-#: and OUTBOX["LISTEN_DATABASE"], which mends it).
-needs_session_listen = pytest.mark.skipif(
-    pooled.mode() == "transaction",
-    reason="a worker's LISTEN through transaction pooling hears nothing (see tests/test_pgbouncer.py)",
-)
-
-
-#: Known open: two topic-split workers handing a key over by NOTIFY failed once through session pooling
-#: in CI (the direct runs pass); until that is understood it runs on direct connections only.
-direct_only = pytest.mark.skipif(
-    pooled.mode() is not None,
-    reason="the cross-topic hand-off through a pooler failed once in session pooling; investigated on direct "
-    "connections only so far (see the closing note of 2026-12-01)",
-)
-
-
-def require_service(name: str, host: str, port: int) -> None:
-    """Skip when a service is missing on a laptop; under CI=true a missing service fails the test."""
-    try:
-        with socket.create_connection((host, port), timeout=2):
-            return
-    except OSError as exc:
-        if IN_CI:
-            pytest.fail(f"{name} is not reachable at {host}:{port} ({exc}); under CI=true this is a failure")
-        pytest.skip(f"{name} not reachable at {host}:{port}")
-
-
 @pytest.fixture(scope="session", autouse=True)
 def _json_support_known(django_db_setup, django_db_blocker) -> None:
     """Django 6.x's model checks ask each database whether it supports JSON fields, so a test that runs
     ``run_checks()`` (as ``manage.py check`` does) would need database access. The answer is cached on
-    the connection: ask once, up front."""
+    the connection: ask once, up front. (tests/unit/conftest.py replaces this and the next fixture for
+    the unit layer, which sets up no database at all.)"""
     from django.db import connections
 
     with django_db_blocker.unblock():
@@ -115,12 +62,6 @@ def _pooler_lets_go(django_db_setup, django_db_blocker) -> Iterator[None]:
         names = {connections[alias].settings_dict["NAME"] for alias in connections if is_postgres_alias(alias)}
     for name in names:
         pooled.release(name)
-
-
-def is_postgres_alias(alias: str) -> bool:
-    from django.db import connections
-
-    return connections[alias].vendor == "postgresql"
 
 
 @pytest.fixture
@@ -144,81 +85,6 @@ def handler() -> Iterator[Callable[[str, Callable[..., object]], None]]:
         registry.unregister(pattern)
 
 
-def worker_env() -> dict[str, str]:
-    """Environment for a subprocess that must use the same (test) database as this test."""
-    settings = connection.settings_dict
-    env = {**os.environ, "DJANGO_SETTINGS_MODULE": "tests.settings", "PYTHONUNBUFFERED": "1"}
-    if connection.vendor == "postgresql":
-        env["DATABASE_URL"] = (
-            f"postgres://{settings['USER'] or 'postgres'}@{settings['HOST'] or '127.0.0.1'}:"
-            f"{settings['PORT'] or 5432}/{settings['NAME']}"
-        )
-    else:
-        env["DATABASE_URL"] = ""
-        env["SQLITE_PATH"] = str(settings["NAME"])
-    return env
-
-
-def send_in_process(topic: str, env: dict[str, str]) -> float:
-    """``outbox.send(topic, {})`` in a process of its own (its own connection settings); returns when it
-    committed, on ``time.monotonic()``."""
-    code = f"from django_outbox import outbox; outbox.send({topic!r}, {{}})"
-    command = [sys.executable, str(ROOT / "manage.py"), "shell", "-c", code]
-    subprocess.run(command, cwd=ROOT, env={**worker_env(), **env}, check=True, timeout=60)
-    return time.monotonic()
-
-
-def no_pooler_artefact_taken_for_an_outage(out: str) -> None:
-    """Through a pooler (``TEST_POOLER``), a worker must never take what the pooler does to prepared
-    statements for a database outage, nor give up recording outcomes because of it (a duplicate)."""
-    for line in out.splitlines():
-        if ("unavailable" in line or "could not record" in line) and "prepared statement" in line:
-            pytest.fail(f"a pooler artefact was treated as an outage: {line}\n{out[-3000:]}")
-
-
-class WorkerProcess:
-    def __init__(self, *args: str, env: dict[str, str] | None = None) -> None:
-        self.args = args
-        # Through a pooler the workers say what they take for outages, for the check above.
-        logging = {"OUTBOX_LOG_LEVEL": "WARNING"} if pooled.mode() else {}
-        self.proc = subprocess.Popen(
-            [sys.executable, str(ROOT / "manage.py"), "outbox_worker", *args],
-            cwd=ROOT,
-            env={**worker_env(), **logging, **(env or {})},
-            stdout=subprocess.PIPE,
-            stderr=subprocess.STDOUT,
-            text=True,
-        )
-
-    @property
-    def pid(self) -> int:
-        return self.proc.pid
-
-    def send_signal(self, sig: int) -> None:
-        self.proc.send_signal(sig)
-
-    def kill(self) -> str:
-        self.proc.send_signal(signal.SIGKILL)
-        out, _ = self.proc.communicate(timeout=10)  # also closes the pipe
-        no_pooler_artefact_taken_for_an_outage(out)
-        return out
-
-    def wait(self, timeout: float = 60) -> tuple[int, str]:
-        out, _ = self.proc.communicate(timeout=timeout)
-        no_pooler_artefact_taken_for_an_outage(out)
-        return self.proc.returncode, out
-
-    def stop(self) -> None:
-        if self.proc.poll() is None:
-            self.proc.send_signal(signal.SIGTERM)
-            try:
-                out, _ = self.proc.communicate(timeout=30)
-            except subprocess.TimeoutExpired:
-                self.kill()
-            else:
-                no_pooler_artefact_taken_for_an_outage(out)
-
-
 @pytest.fixture
 def worker_process() -> Iterator[Callable[..., WorkerProcess]]:
     """Start real ``manage.py outbox_worker`` processes on the test database; stopped at teardown."""
@@ -232,13 +98,3 @@ def worker_process() -> Iterator[Callable[..., WorkerProcess]]:
     yield start
     for worker in started:
         worker.stop()
-
-
-def wait_for(condition: Callable[[], object], timeout: float = 30, interval: float = 0.05) -> None:
-    """Poll until ``condition()`` is truthy; fail the test with a clear message otherwise."""
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        if condition():
-            return
-        time.sleep(interval)
-    pytest.fail(f"condition not met within {timeout}s: {getattr(condition, '__name__', condition)}")

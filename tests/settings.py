@@ -39,8 +39,8 @@ if os.environ.get("TEST_DB_SETTINGS"):
     DATABASES["default"].setdefault("OPTIONS", {}).update(_extra.pop("OPTIONS", {}))  # noqa: F405
     DATABASES["default"].update(_extra)  # noqa: F405
 
-# TEST_POOLER=transaction|session: the run reaches PostgreSQL through a private PgBouncer (tests/pooled.py).
-from tests import pooled  # noqa: E402
+# TEST_POOLER=transaction|session: the run reaches PostgreSQL through a private PgBouncer (tests/support/pooled.py).
+from tests.support import pooled  # noqa: E402
 
 pooled.route(DATABASES)  # noqa: F405
 

@@ -4,8 +4,7 @@ from django.urls import include, path
 from django.views.decorators.csrf import csrf_exempt
 
 from testproject.urls import urlpatterns as demo_urlpatterns
-
-from .probe import views
+from tests.probe import views
 
 urlpatterns = [
     *demo_urlpatterns,

@@ -1,0 +1,111 @@
+"""The benchmark harness in its tiniest mode, so it cannot rot. Its figures are not checked: no timings in tests."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+
+import psycopg
+import pytest
+from django.db import connection
+
+from tests.support import ROOT
+
+pytestmark = [pytest.mark.usefixtures("postgres"), pytest.mark.slow]
+
+SECTIONS = "send,drain,latency,scale,opentx,memory"  # all but the comparisons, which need their own virtualenv
+FIGURES = {
+    "send",
+    "drain",
+    "latency_postgresql",
+    "latency_sqlite",
+    "claim_cost",
+    "open_transaction",
+    "memory",
+}
+
+
+@pytest.fixture
+def bench_dsn():
+    """A database of the benchmark's own beside the test database (never the test database itself)."""
+    s = connection.settings_dict
+    server = f"postgres://{s['USER'] or 'postgres'}@{s['HOST'] or '127.0.0.1'}:{s['PORT'] or 5432}"
+    name = f"{s['NAME']}_benchsmoke"
+    yield f"{server}/{name}"
+    with psycopg.connect(f"{server}/postgres", autocommit=True) as conn:
+        conn.execute(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)')
+
+
+def test_smoke_run_measures_every_figure(bench_dsn, tmp_path):
+    output = tmp_path / "results.json"
+    run = subprocess.run(
+        [sys.executable, "bench/run.py", "--smoke", "--only", SECTIONS, "--output", str(output)],
+        cwd=ROOT,
+        env={**os.environ, "DATABASE_URL": bench_dsn, "BENCH_SQLITE_PATH": str(tmp_path / "bench.sqlite3")},
+        capture_output=True,
+        text=True,
+        timeout=240,
+    )
+    assert run.returncode == 0, run.stdout[-3000:] + run.stderr[-3000:]
+    results = json.loads(output.read_text())
+    figures = results["figures"]
+    assert set(figures) == FIGURES
+    # Every message sent for the latency figures reached the handler, on both databases.
+    for key in ("latency_postgresql", "latency_sqlite"):
+        assert figures[key]["lost"] == 0
+        assert all(rep["received"] == rep["sent"] > 0 for rep in figures[key]["reps"])
+    one_process = figures["drain"]["by_processes"]["1"]
+    assert one_process["reps"]
+    # One process is also measured with one delivery thread, beside the default's two.
+    assert all({"outbox", "outbox_one_thread", "baseline"} <= set(rep) for rep in one_process["reps"])
+    assert one_process["one_thread_per_s"] > 0
+    assert figures["memory"]["messages"] == 500
+    # The server settings that move the figures are on record with them.
+    server = results["environment"]["postgresql"]
+    assert server["autovacuum"] in ("on", "off") and server["synchronous_commit"] and server["server_version"]
+    # The table the command prints names each figure.
+    for row in (
+        "a. send()",
+        "b. drain",
+        "--concurrency 1",
+        "c. commit to handler",
+        "d. claim 100",
+        "d. drain with",
+        "e. worker RSS",
+    ):
+        assert row in run.stdout
+
+
+def test_topology_smoke_run_measures_every_topology(bench_dsn, tmp_path):
+    """bench/topology.py in its tiniest mode: every topology, the NOTIFY references, both prepared modes."""
+    from tests.support import pgbouncer
+
+    pgbouncer.require()
+    output = tmp_path / "topology.json"
+    run = subprocess.run(
+        [sys.executable, "bench/topology.py", "--smoke", "--output", str(output)],
+        cwd=ROOT,
+        env={**os.environ, "DATABASE_URL": bench_dsn},
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
+    assert run.returncode == 0, run.stdout[-3000:] + run.stderr[-3000:]
+    figures = json.loads(output.read_text())["figures"]
+    names = {"direct", "session", "transaction_listen", "transaction_polling", "django_pool"}
+    assert set(figures["latency"]) == names
+    for name, lat in figures["latency"].items():
+        assert lat["lost"] == 0 and lat["trouble_lines"] == 0, name
+        assert all(rep["received"] == rep["sent"] > 0 for rep in lat["reps"]), name
+        # a bare NOTIFY's round trip beside it, except where nothing can hear one
+        assert ("notify_p50_ms" in lat) is (name != "transaction_polling"), name
+    for section, expected in (("drain", names), ("prepared", {"transaction_listen", "transaction_listen_unprepared"})):
+        by = figures[section]["by_processes"]["1"]
+        assert set(by) == expected
+        for name, d in by.items():
+            assert d["duplicates"] == 0 and d["not_once"] == 0 and d["trouble_lines"] == 0, (section, name)
+            assert d["per_s"] > 0
+    for row in ("direct connections", "transaction pooling, no LISTEN_DATABASE", "PREPARED_STATEMENTS = False"):
+        assert row in run.stdout

@@ -1,0 +1,22 @@
+"""The archive tables outside Django's test flush, emptied after each test that uses them."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+
+import pytest
+from django.db import connection
+
+from django_outbox.retention import housekeeping
+
+
+@pytest.fixture
+def empty_archive(django_db_blocker) -> Iterator[None]:
+    """The archive tables are not Django-managed, so the test flush leaves them alone: empty them here."""
+    yield
+    with django_db_blocker.unblock(), connection.cursor() as cursor:
+        for table in (housekeeping.ARCHIVED_ATTEMPT, housekeeping.ARCHIVED_MESSAGE):
+            cursor.execute(f"DELETE FROM {table}")
+            if connection.vendor == "postgresql":
+                for name in housekeeping.partitions(connection, table):
+                    cursor.execute(f"DROP TABLE {name}")

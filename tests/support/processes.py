@@ -1,0 +1,89 @@
+"""Real ``manage.py`` processes on the test database: the workers, a producer, their environment."""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import time
+
+import pytest
+from django.db import connection
+
+from . import ROOT, pooled
+
+
+def worker_env() -> dict[str, str]:
+    """Environment for a subprocess that must use the same (test) database as this test."""
+    settings = connection.settings_dict
+    env = {**os.environ, "DJANGO_SETTINGS_MODULE": "tests.settings", "PYTHONUNBUFFERED": "1"}
+    if connection.vendor == "postgresql":
+        env["DATABASE_URL"] = (
+            f"postgres://{settings['USER'] or 'postgres'}@{settings['HOST'] or '127.0.0.1'}:"
+            f"{settings['PORT'] or 5432}/{settings['NAME']}"
+        )
+    else:
+        env["DATABASE_URL"] = ""
+        env["SQLITE_PATH"] = str(settings["NAME"])
+    return env
+
+
+def send_in_process(topic: str, env: dict[str, str]) -> float:
+    """``outbox.send(topic, {})`` in a process of its own (its own connection settings); returns when it
+    committed, on ``time.monotonic()``."""
+    code = f"from django_outbox import outbox; outbox.send({topic!r}, {{}})"
+    command = [sys.executable, str(ROOT / "manage.py"), "shell", "-c", code]
+    subprocess.run(command, cwd=ROOT, env={**worker_env(), **env}, check=True, timeout=60)
+    return time.monotonic()
+
+
+def no_pooler_artefact_taken_for_an_outage(out: str) -> None:
+    """Through a pooler (``TEST_POOLER``), a worker must never take what the pooler does to prepared
+    statements for a database outage, nor give up recording outcomes because of it (a duplicate)."""
+    for line in out.splitlines():
+        if ("unavailable" in line or "could not record" in line) and "prepared statement" in line:
+            pytest.fail(f"a pooler artefact was treated as an outage: {line}\n{out[-3000:]}")
+
+
+class WorkerProcess:
+    def __init__(self, *args: str, env: dict[str, str] | None = None) -> None:
+        self.args = args
+        # Through a pooler the workers say what they take for outages, for the check above.
+        logging = {"OUTBOX_LOG_LEVEL": "WARNING"} if pooled.mode() else {}
+        self.proc = subprocess.Popen(
+            [sys.executable, str(ROOT / "manage.py"), "outbox_worker", *args],
+            cwd=ROOT,
+            env={**worker_env(), **logging, **(env or {})},
+            stdout=subprocess.PIPE,
+            stderr=subprocess.STDOUT,
+            text=True,
+        )
+
+    @property
+    def pid(self) -> int:
+        return self.proc.pid
+
+    def send_signal(self, sig: int) -> None:
+        self.proc.send_signal(sig)
+
+    def kill(self) -> str:
+        self.proc.send_signal(signal.SIGKILL)
+        out, _ = self.proc.communicate(timeout=10)  # also closes the pipe
+        no_pooler_artefact_taken_for_an_outage(out)
+        return out
+
+    def wait(self, timeout: float = 60) -> tuple[int, str]:
+        out, _ = self.proc.communicate(timeout=timeout)
+        no_pooler_artefact_taken_for_an_outage(out)
+        return self.proc.returncode, out
+
+    def stop(self) -> None:
+        if self.proc.poll() is None:
+            self.proc.send_signal(signal.SIGTERM)
+            try:
+                out, _ = self.proc.communicate(timeout=30)
+            except subprocess.TimeoutExpired:
+                self.kill()
+            else:
+                no_pooler_artefact_taken_for_an_outage(out)

@@ -1,0 +1,94 @@
+"""The per-batch pipeline of the worker, driven without threads: claim a batch, hand it over, look."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+import pytest
+
+from django_outbox import outbox, store
+from django_outbox.models import Message
+from django_outbox.routing import resolve_transport
+from django_outbox.transports.registry import TransportSet
+from django_outbox.worker import Pipeline, RelayConfig, Stats
+from django_outbox.worker import pipeline as pipeline_module
+from tests.support.factories import MessageFactory
+
+pytestmark = pytest.mark.django_db(transaction=True)
+
+
+def claimed(config: RelayConfig) -> list[Message]:
+    return store.claim(config.database, worker=config.worker_id, limit=config.batch_size, lease_seconds=60)
+
+
+def test_a_batch_is_delivered_recorded_and_counted_without_threads(handler):
+    handler("p.ok", lambda m: None)
+    handler("p.bad", lambda m: 1 / 0)
+    ok, bad = outbox.send("p.ok", {}), outbox.send("p.bad", {})
+    config = RelayConfig.from_settings(notify=False)
+    stats = Stats()
+    transports = TransportSet()
+    try:
+        Pipeline(config, stats).process(claimed(config), transports)
+    finally:
+        transports.close()
+    ok.refresh_from_db()
+    bad.refresh_from_db()
+    assert ok.status == Message.Status.DELIVERED
+    assert bad.status == Message.Status.PENDING and "ZeroDivisionError" in bad.last_error
+    assert (stats.delivered, stats.failed, stats.dead, stats.in_flight) == (1, 1, 0, 0)
+
+
+def test_the_topic_of_each_message_is_resolved_to_a_transport_once(handler, monkeypatch):
+    handler("p.one", lambda m: None)
+    handler("p.two", lambda m: None)
+    for topic in ("p.one", "p.one", "p.two", "p.nowhere", "p.one"):
+        if topic == "p.nowhere":  # written as if its route had been removed since: send() would refuse it
+            MessageFactory(topic=topic)
+        else:
+            outbox.send(topic, {})
+    calls: list[str] = []
+
+    def counting(topic: str) -> str:
+        calls.append(topic)
+        return resolve_transport(topic)
+
+    monkeypatch.setattr(pipeline_module, "resolve_transport", counting)
+    config = RelayConfig.from_settings(notify=False)
+    batch = claimed(config)
+    transports = TransportSet()
+    try:
+        Pipeline(config, Stats()).process(batch, transports)
+    finally:
+        transports.close()
+    assert sorted(calls) == sorted(m.topic for m in batch) and len(batch) == 5
+    nowhere = Message.objects.get(topic="p.nowhere")
+    assert "UnknownTopicError" in nowhere.last_error  # a topic nothing serves fails its attempt, as before
+
+
+class _Transports:
+    """Stands for a TransportSet: transport "a" delivers in batches, "b" one by one."""
+
+    class _T:
+        def __init__(self, batching: bool) -> None:
+            self.batching = batching
+
+        def supports_batch(self) -> bool:
+            return self.batching
+
+    def get(self, name: str) -> _T:
+        return self._T(name == "a")
+
+
+def _groups(routes: Sequence[pipeline_module.Route]) -> list[tuple[int, int]]:
+    groups, start = [], 0
+    while start < len(routes):
+        end = Pipeline._group_end(routes, start, _Transports())  # type: ignore[arg-type]
+        groups.append((start, end))
+        start = end
+    return groups
+
+
+def test_consecutive_messages_of_a_batching_transport_form_one_group():
+    unknown = LookupError("no route")
+    assert _groups(["a", "a", "b", "b", unknown, "a", "a"]) == [(0, 2), (2, 3), (3, 4), (4, 5), (5, 7)]
