@@ -11,7 +11,14 @@ class OutboxConfig(AppConfig):
     def ready(self) -> None:
         from django.utils.module_loading import autodiscover_modules
 
+        from django.apps import apps
+
+        # Each feature registers its own system checks and, where Django's admin is installed, its pages.
         from . import checks  # noqa: F401
-        from .inbox import checks as inbox_checks  # noqa: F401  (each registers its own system checks)
+        from .inbox import checks as inbox_checks  # noqa: F401
+
+        if apps.is_installed("django.contrib.admin"):
+            from .mail import admin as mail_admin  # noqa: F401
+            from .retention import admin as retention_admin  # noqa: F401
 
         autodiscover_modules("outbox")
