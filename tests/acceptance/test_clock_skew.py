@@ -34,7 +34,7 @@ from tests.support.waiting import wait_for
 pytestmark = [pytest.mark.django_db(transaction=True), pytest.mark.slow]
 
 LIBFAKETIME = Path("/usr/lib/x86_64-linux-gnu/faketime/libfaketimeMT.so.1")
-SHIM = Path(__file__).resolve().parent / "faketime_shim"
+SHIM = ROOT / "tests" / "support" / "faketime_shim"
 SHIFTS = {"+5m": 300.0, "-5m": -300.0}
 LEASE = 3.0
 
