@@ -12,7 +12,7 @@ from typing import TYPE_CHECKING
 from django.core.exceptions import ImproperlyConfigured
 
 if TYPE_CHECKING:
-    from .models import Message
+    from .store.models import Message  # where it is defined: models.py imports what imports this module
 
 __all__ = [
     "DeliveryError",
