@@ -9,9 +9,8 @@ class OutboxConfig(AppConfig):
     default_auto_field = "django.db.models.BigAutoField"
 
     def ready(self) -> None:
-        from django.utils.module_loading import autodiscover_modules
-
         from django.apps import apps
+        from django.utils.module_loading import autodiscover_modules
 
         # Each feature registers its own system checks and, where Django's admin is installed, its pages.
         from . import checks  # noqa: F401

@@ -49,7 +49,7 @@ def imports(path: Path, module: str, *, at_import_time: bool) -> set[str]:
             if at_import_time and isinstance(node, ast.FunctionDef | ast.AsyncFunctionDef):
                 continue
             if at_import_time and isinstance(node, ast.If) and "TYPE_CHECKING" in ast.unparse(node.test):
-                visit(node.orelse)
+                visit(list(node.orelse))
                 continue
             if isinstance(node, ast.ImportFrom):
                 base = node.module or ""
