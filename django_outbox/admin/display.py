@@ -7,13 +7,19 @@ be added or moved without an import circle.
 
 from __future__ import annotations
 
+import datetime as dt
 import json
+import re
 import uuid as uuid_module
 from typing import Any
 
+import django
+from django.contrib import admin
 from django.core.serializers.json import DjangoJSONEncoder
 from django.db.models import Q
 from django.http import HttpRequest, HttpResponse
+from django.utils import timezone
+from django.utils.dateformat import format as date_format
 from django.utils.html import format_html
 from django.utils.safestring import SafeString
 
@@ -44,6 +50,63 @@ def exact_match(search_term: str) -> Q | None:
 
 def error_block(text: str) -> SafeString | str:
     return format_html('<pre class="outbox-error">{}</pre>', text) if text else "-"
+
+
+#: A stored traceback's frame lines; the exception's own line is the first unindented one after them.
+_FRAME = re.compile(r"^(\s+|Traceback\b)")
+
+
+def error_summary(text: str) -> str:
+    """The line an operator reads first: the exception's type and message (``RuntimeError: warehouse is
+    down``), not the library frames a traceback opens with.
+
+    The worker stores ``traceback.format_exception`` text, whose last block ends in that line (notes
+    and the rest of a multi-line message follow it); errors written without a traceback (a lease that
+    expired, a cancel's reason) are summed up by their last line, as the list always did.
+    """
+    lines = [line for line in text.strip().splitlines() if line.strip() and line.strip() != "..."]
+    last_frame = max((i for i, line in enumerate(lines) if _FRAME.match(line)), default=None)
+    if last_frame is None:
+        return lines[-1].strip() if lines else ""
+    after = lines[last_frame + 1 :]
+    return after[0].strip() if after else lines[last_frame].strip()
+
+
+#: The one format of a moment on every outbox page: the list's columns must fit at 1280 px, and a page
+#: that writes "Jan. 5, 2026, 6:41 a.m." beside "2026-01-05 06:41:55" makes its reader compare two.
+WHEN_FORMAT = "Y-m-d H:i:s"
+
+
+def when(value: dt.datetime | None) -> str:
+    """``value`` in the current time zone, as every outbox page writes a moment; "" for none."""
+    if value is None:
+        return ""
+    return date_format(timezone.localtime(value) if timezone.is_aware(value) else value, WHEN_FORMAT)
+
+
+def when_column(name: str, model: Any = Message) -> Any:
+    """A list column (or read-only field) that writes ``model``'s datetime field ``name`` as ``when``."""
+
+    @admin.display(description=model._meta.get_field(name).verbose_name, ordering=name, empty_value="")
+    def column(model_admin: Any, obj: Any) -> SafeString | str:
+        day, _, time = when(getattr(obj, name)).partition(" ")
+        if not time:
+            return day
+        # a narrow column breaks between the day and the time, never inside the day at its hyphens
+        return format_html('<span class="outbox-day">{}</span> {}', day, time)
+
+    column.__name__ = f"{name}_when"
+    return column
+
+
+#: Django 6 writes breadcrumbs as ``<ol class="breadcrumbs">`` of ``<li>`` (and styles only those), 5.2
+#: as ``<div class="breadcrumbs">`` with "&rsaquo;" between links: the custom pages write the running version's.
+BREADCRUMBS_AS_LIST = django.VERSION >= (6, 0)
+
+
+def breadcrumbs(*crumbs: tuple[str, str]) -> dict[str, Any]:
+    """The context of ``admin/django_outbox/breadcrumbs.html``: the trail's links, then the page's title."""
+    return {"outbox_crumbs": list(crumbs), "outbox_crumbs_as_list": BREADCRUMBS_AS_LIST}
 
 
 def pretty_json(value: object) -> SafeString:

@@ -15,13 +15,15 @@ from django import forms
 from django.contrib import admin, messages
 from django.contrib.admin import helpers
 from django.contrib.admin.models import CHANGE, LogEntry
+from django.contrib.contenttypes.models import ContentType
 from django.core.exceptions import PermissionDenied
 from django.db.models import QuerySet
 from django.http import HttpRequest, HttpResponse, HttpResponseRedirect
 from django.template.response import TemplateResponse
 from django.urls import URLPattern, path, reverse
+from django.utils.html import format_html
 from django.utils.safestring import SafeString
-from django.utils.text import Truncator
+from django.utils.text import Truncator, capfirst
 from django.utils.translation import gettext, ngettext
 from django.utils.translation import gettext_lazy as _
 
@@ -33,11 +35,15 @@ from .counting import EstimatingPaginator, distinct_values
 from .display import (
     DISCLOSURE_ATTR,
     ContentProtectedAdmin,
+    breadcrumbs,
     disclosure,
     error_block,
+    error_summary,
     exact_match,
     pretty_json,
     status_badge,
+    when,
+    when_column,
 )
 from .redaction import Disclosure, protection, protects_topic
 
@@ -102,9 +108,9 @@ class MessageAdmin(ContentProtectedAdmin, admin.ModelAdmin):  # type: ignore[typ
         "key",
         "status_display",
         "attempts_display",
-        "created_at",
-        "available_at",
-        "delivered_at",
+        "created_at_when",
+        "available_at_when",
+        "delivered_at_when",
         "error_excerpt",
     ]
     list_display_links = ["id"]
@@ -120,7 +126,10 @@ class MessageAdmin(ContentProtectedAdmin, admin.ModelAdmin):  # type: ignore[typ
     change_list_template = "admin/django_outbox/message/change_list.html"
     fieldsets = [
         (None, {"fields": ["uuid", "topic", "key", "idempotency_key", "status_display", "attempts_display"]}),
-        (_("Timing"), {"fields": ["created_at", "available_at", "delivered_at", "locked_by", "locked_until"]}),
+        (
+            _("Timing"),
+            {"fields": ["created_at_when", "available_at_when", "delivered_at_when", "locked_by", "locked_until_when"]},
+        ),
         (_("Content"), {"fields": ["payload_display", "headers_display", "last_error_display"]}),
     ]
     readonly_fields = [
@@ -130,11 +139,11 @@ class MessageAdmin(ContentProtectedAdmin, admin.ModelAdmin):  # type: ignore[typ
         "idempotency_key",
         "status_display",
         "attempts_display",
-        "created_at",
-        "available_at",
-        "delivered_at",
+        "created_at_when",
+        "available_at_when",
+        "delivered_at_when",
         "locked_by",
-        "locked_until",
+        "locked_until_when",
         "payload_display",
         "headers_display",
         "last_error_display",
@@ -208,13 +217,22 @@ class MessageAdmin(ContentProtectedAdmin, admin.ModelAdmin):  # type: ignore[typ
     def attempts_display(self, obj: Message) -> str:
         return f"{obj.attempts} / {obj.max_attempts}"
 
-    @admin.display(description=_("last error"))
-    def error_excerpt(self, obj: Message) -> str:
+    created_at_when = when_column("created_at")
+    available_at_when = when_column("available_at")
+    delivered_at_when = when_column("delivered_at")
+    locked_until_when = when_column("locked_until")
+
+    @admin.display(description=_("last error"), empty_value="")
+    def error_excerpt(self, obj: Message) -> SafeString | str:
+        """The exception's own line, cut to the column by CSS (the whole line in its title): the
+        traceback's frames are on the message's page. No error shows as nothing, not as a red "-"."""
         error = obj.last_error
         if error and not isinstance(getattr(obj, DISCLOSURE_ATTR, None), Disclosure) and protects_topic(obj.topic):
             return gettext("(open the message)")  # shown outside the list page: nothing here to mask it with
-        lines = [line for line in disclosure(obj).shown_error(error).strip().splitlines() if line.strip()]
-        return Truncator(lines[-1] if lines else "").chars(ERROR_EXCERPT_CHARS)
+        summary = error_summary(disclosure(obj).shown_error(error))
+        if not summary:
+            return ""
+        return format_html('<span title="{}">{}</span>', summary, Truncator(summary).chars(ERROR_EXCERPT_CHARS))
 
     # --- detail ----------------------------------------------------------------------------------
 
@@ -245,9 +263,12 @@ class MessageAdmin(ContentProtectedAdmin, admin.ModelAdmin):  # type: ignore[typ
                     .only("id", "topic", "status", "created_at", "delivered_at")
                     .order_by("-id")[:RELATED_SHOWN]
                 )
-            attempts = list(obj.attempt_log.all()[:ATTEMPTS_SHOWN])
+            attempts = list(obj.attempt_log.order_by("started_at", "id")[:ATTEMPTS_SHOWN])
             for attempt in attempts:  # display copies: the admin never saves them
                 attempt.error = disclosure(obj).shown_error(attempt.error)
+                attempt.summary = error_summary(attempt.error)
+                attempt.when = when(attempt.started_at)
+            self._mark_restarts(obj, attempts)
             context.update(
                 attempts=attempts,
                 related=related,
@@ -257,6 +278,46 @@ class MessageAdmin(ContentProtectedAdmin, admin.ModelAdmin):  # type: ignore[typ
                 changelist_url=reverse("admin:django_outbox_message_changelist"),
             )
         return super().change_view(request, object_id, form_url, context)
+
+    def _mark_restarts(self, obj: Message, attempts: list[Any]) -> None:
+        """Mark each attempt whose number did not follow on from the one before: a retry with "reset
+        the attempt counter" restarted the count there (``restart``: None, or who did it and when, from
+        the retry's admin log entry between the two attempts; "" when none says)."""
+        restarts = [i for i in range(1, len(attempts)) if attempts[i].number <= attempts[i - 1].number]
+        for i in range(len(attempts)):
+            attempts[i].restart = None
+        if not restarts:
+            return
+        entries = list(
+            LogEntry.objects.filter(
+                content_type=ContentType.objects.get_for_model(Message),
+                object_id=str(obj.pk),
+                action_flag=CHANGE,
+            )
+            .select_related("user")
+            .order_by("action_time")
+        )
+        for i in restarts:
+            after, before = attempts[i - 1].started_at, attempts[i].started_at
+            found = [e for e in entries if after <= e.action_time <= before]
+            if found:
+                entry = found[-1]
+                attempts[i].restart = gettext("%(note)s by %(user)s at %(when)s") % {
+                    "note": entry.change_message,
+                    "user": entry.user.get_username() if entry.user else "?",
+                    "when": when(entry.action_time),
+                }
+            else:
+                attempts[i].restart = ""  # retried outside the admin (outbox_retry, the store's functions)
+
+    def _trail(self) -> dict[str, Any]:
+        """The breadcrumbs of the custom pages: Home, the app, the messages, then the page's title."""
+        opts = self.model._meta
+        return breadcrumbs(
+            (reverse("admin:index"), gettext("Home")),
+            (reverse("admin:app_list", kwargs={"app_label": opts.app_label}), str(opts.app_config.verbose_name)),
+            (reverse("admin:django_outbox_message_changelist"), capfirst(str(opts.verbose_name_plural))),
+        )
 
     # --- actions ---------------------------------------------------------------------------------
 
@@ -362,6 +423,7 @@ class MessageAdmin(ContentProtectedAdmin, admin.ModelAdmin):  # type: ignore[typ
             "select_across": request.POST.get("select_across", "0"),
             "from_detail": request.POST.get("_from_detail", ""),
             "dead_by_topic": dead_by_topic,
+            **self._trail(),
         }
         return TemplateResponse(request, "admin/django_outbox/message/action_confirm.html", context)
 
@@ -426,6 +488,7 @@ class MessageAdmin(ContentProtectedAdmin, admin.ModelAdmin):  # type: ignore[typ
             "chart": throughput_svg(figures.minutes),
             "can_retry": self.has_retry_permission(request),
             "stale_after": int(overview.STALE_AFTER_SECONDS),
+            **self._trail(),
         }
         return TemplateResponse(request, "admin/django_outbox/overview.html", context)
 

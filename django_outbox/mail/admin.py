@@ -11,8 +11,10 @@ page that shows them is audited (``django_outbox.admin.redaction``).
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
+import warnings
+from typing import TYPE_CHECKING, Any
 
+from django.conf import settings
 from django.contrib import admin
 from django.core.exceptions import PermissionDenied
 from django.http import HttpRequest, HttpResponse
@@ -23,6 +25,7 @@ from django.utils.safestring import SafeString
 
 from ..admin.display import ContentProtectedAdmin, disclosure, error_block
 from ..admin.redaction import HIDDEN, Disclosure, email_recipients, log_reveal
+from ..conf import EMAIL_TRANSPORT, EMAIL_TRANSPORT_BACKEND, get_settings
 from .links import view_url
 from .models import OutboxEmail
 from .views import PREVIEW_POLICY, html_response
@@ -31,6 +34,30 @@ if TYPE_CHECKING:
     _ModelAdmin = admin.ModelAdmin[OutboxEmail]
 else:  # ModelAdmin is generic only in the type stubs
     _ModelAdmin = admin.ModelAdmin
+
+#: The dotted paths of the outbox's email backend (the package exports it; the module defines it).
+OUTBOX_EMAIL_BACKENDS = frozenset({"django_outbox.mail.EmailBackend", "django_outbox.mail.backend.EmailBackend"})
+
+
+def sends_email() -> bool:
+    """Whether the project's settings send email through the outbox: Django's email backend (or one
+    of Django 6's ``MAILERS``) is the outbox's, or a route or transport is the email transport."""
+    if hasattr(settings, "MAILERS"):  # Django 6.1+, where EMAIL_BACKEND must not be read any more
+        mailers = getattr(settings, "MAILERS", None) or {}
+        backends = {str(m.get("BACKEND", "")) for m in mailers.values() if isinstance(m, dict)}
+    else:
+        with warnings.catch_warnings():  # deprecated on Django 6.1; reading it is still right before
+            warnings.simplefilter("ignore", DeprecationWarning)
+            warnings.simplefilter("ignore", PendingDeprecationWarning)
+            backends = {str(getattr(settings, "EMAIL_BACKEND", ""))}
+    if backends & OUTBOX_EMAIL_BACKENDS:
+        return True
+    conf = get_settings()
+    if EMAIL_TRANSPORT in conf.ROUTES.values():
+        return True
+    # TRANSPORTS always holds the built-in email transport, the one the email topic goes to: only a
+    # transport of the project's own on the email backend says the project sends email.
+    return any(t.backend == EMAIL_TRANSPORT_BACKEND for name, t in conf.TRANSPORTS.items() if name != EMAIL_TRANSPORT)
 
 
 @admin.register(OutboxEmail)
@@ -65,6 +92,17 @@ class EmailLogAdmin(ContentProtectedAdmin, _ModelAdmin):
 
     def has_delete_permission(self, request: HttpRequest, obj: OutboxEmail | None = None) -> bool:
         return False
+
+    def get_model_perms(self, request: HttpRequest) -> dict[str, bool]:
+        """Listed in the admin (index, sidebar) only where the project sends email through the outbox,
+        or once it holds emails; unlisted, the page is still there by URL. Read per request, so a
+        change of settings shows at once."""
+        perms: dict[str, Any] = super().get_model_perms(request)
+        if not any(perms.values()):
+            return perms
+        if sends_email() or self.get_queryset(request).exists():
+            return perms
+        return dict.fromkeys(perms, False)
 
     @admin.display(description="subject")
     def subject(self, obj: OutboxEmail) -> str:

@@ -16,6 +16,7 @@ from django.utils.translation import gettext_lazy as _
 
 from ..admin.counting import EstimatingPaginator
 from ..admin.display import ContentProtectedAdmin, disclosure, error_block, exact_match, pretty_json, status_badge
+from ..conf import get_settings
 from .models import ArchivedAttempt, ArchivedMessage
 
 
@@ -78,6 +79,17 @@ class ArchivedMessageAdmin(ContentProtectedAdmin, ReadOnly, admin.ModelAdmin):  
 
     class Media:
         css = {"all": ["django_outbox/admin.css"]}
+
+    def get_model_perms(self, request: HttpRequest) -> dict[str, bool]:
+        """Listed in the admin (index, sidebar) only where retention archives (``RETENTION_MODE =
+        "archive"``) or the archive holds rows (from an earlier archive mode); unlisted, the page is
+        still there by URL. Read per request, so a change of settings shows at once."""
+        perms: dict[str, bool] = super().get_model_perms(request)
+        if not any(perms.values()):
+            return perms
+        if get_settings().RETENTION_MODE == "archive" or self.get_queryset(request).exists():
+            return perms
+        return dict.fromkeys(perms, False)
 
     def get_search_results(
         self, request: HttpRequest, queryset: QuerySet[ArchivedMessage], search_term: str
