@@ -348,6 +348,10 @@ class Outbox:
                 "everything that makes the message unique.",
                 existing=message,
             )
+        if created and conf.EAGER:  # tests only: delivered in this process once the transaction commits
+            from .testing.eager import deliver_at_commit
+
+            deliver_at_commit(alias, [message.id])
         return message
 
     def handler(self, pattern: str) -> Callable[[H], H]:

@@ -80,6 +80,8 @@ BAD_RETENTION_MODE = "django_outbox.E072"
 BAD_ARCHIVE_AFTER = "django_outbox.E073"
 BAD_HOUSEKEEPING_INTERVAL = "django_outbox.E074"
 BAD_HANDLER_TIMEOUT = "django_outbox.E090"
+#: ``outbox_worker`` started with ``OUTBOX["EAGER"]`` on: settings meant for tests (management/commands).
+EAGER_WORKER = "django_outbox.W003"
 
 ORDERING_CHOICES = ("block", "skip_dead")
 RETENTION_MODES = ("archive", "delete")
@@ -248,6 +250,9 @@ class OutboxSettings:
         id=BAD_HOUSEKEEPING_INTERVAL,
         hint="Use 0 to run housekeeping only from cron (manage.py outbox_housekeeping).",
     )
+    #: Tests only: each transaction that sent messages delivers them right after it commits, in its own
+    #: process and thread, through the worker's code (``django_outbox.testing.eager``; docs/testing.md).
+    EAGER: bool = option(False, kind=bool)
     #: Topic patterns (as in ROUTES) whose payloads the admin shows only with the content permission;
     #: emails are content-protected whatever this says.
     SENSITIVE_TOPICS: tuple[str, ...] = option(

@@ -6,7 +6,7 @@ an ack is one round trip and no transaction outlives the function. The store dec
 failure means (retry when, or give up) is the worker's policy, handed in as an ``Outcome``.
 
 - ``producing``: ``insert`` (``send()``);
-- ``claiming``: ``claim``, ``claim_sql``, ``next_due``, ``work_in_progress``;
+- ``claiming``: ``claim``, ``claim_sql``, ``next_due``, ``work_in_progress``, ``held_by_the_fence``;
 - ``recording``: ``record`` and ``Outcome``;
 - ``leases``: ``release``, ``extend_leases``, ``reap``;
 - ``workers``: ``heartbeat``, ``database_now``;
@@ -24,6 +24,7 @@ from .claiming import (
     blocking_statuses,
     claim,
     claim_sql,
+    held_by_the_fence,
     next_due,
     work_in_progress,
 )
@@ -77,6 +78,7 @@ __all__ = [
     "database_now",
     "extend_leases",
     "heartbeat",
+    "held_by_the_fence",
     "insert",
     "next_due",
     "notify_now",

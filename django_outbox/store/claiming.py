@@ -10,6 +10,7 @@ from __future__ import annotations
 import contextlib
 import datetime as dt
 import functools
+import json
 from collections.abc import Iterator, Sequence
 from typing import Any
 
@@ -40,24 +41,40 @@ except ImportError:  # pragma: no cover - an install without the postgres extra
 
 
 def claim(
-    alias: str, *, worker: str, limit: int, lease_seconds: float, topics: Sequence[str] | None = None
+    alias: str,
+    *,
+    worker: str,
+    limit: int,
+    lease_seconds: float,
+    topics: Sequence[str] | None = None,
+    ids: Sequence[int] | None = None,
 ) -> list[Message]:
     """Lease up to ``limit`` due messages to ``worker`` and count the attempt; committed on return.
 
     A keyed message is claimed only at the head of its key (see ``claim_sql``), so a batch holds at most
     one message per key. On PostgreSQL a claim that fenced newly visible keyed messages and came back
     short looks once more: those messages usually became claimable the moment the first statement ended.
+    ``ids`` limits the claim to those messages (``OUTBOX["EAGER"]`` delivers what one transaction sent);
+    the head-of-key rule still looks at every message, so a keyed one behind another stays behind it.
     """
     conn = connection(alias)
     messages, fenced = unprepared_on_loss(
         conn,
-        lambda: _claim_once(alias, conn, worker=worker, limit=limit, lease_seconds=lease_seconds, topics=topics),
+        lambda: _claim_once(
+            alias, conn, worker=worker, limit=limit, lease_seconds=lease_seconds, topics=topics, ids=ids
+        ),
     )
     if fenced and len(messages) < limit:
         more, _ = unprepared_on_loss(
             conn,
             lambda: _claim_once(
-                alias, conn, worker=worker, limit=limit - len(messages), lease_seconds=lease_seconds, topics=topics
+                alias,
+                conn,
+                worker=worker,
+                limit=limit - len(messages),
+                lease_seconds=lease_seconds,
+                topics=topics,
+                ids=ids,
             ),
         )
         messages += more
@@ -73,7 +90,13 @@ def blocking_statuses() -> tuple[str, ...]:
 
 
 def claim_sql(
-    conn: BaseDatabaseWrapper, *, worker: str, limit: int, lease_seconds: float, topics: Sequence[str] | None = None
+    conn: BaseDatabaseWrapper,
+    *,
+    worker: str,
+    limit: int,
+    lease_seconds: float,
+    topics: Sequence[str] | None = None,
+    ids: Sequence[int] | None = None,
 ) -> tuple[str, list[Any]]:
     """The claim statement and its parameters (public so a test can ``EXPLAIN`` it).
 
@@ -92,8 +115,12 @@ def claim_sql(
     On PostgreSQL "due" and the lease's end are the server's ``statement_timestamp()`` (plus the lease's
     seconds): a worker whose clock is off neither claims early nor leases for minutes too long or short.
     """
-    topic_sql, topic_params = topic_filter(topics)
+    topic_sql, params = topic_filter(topics)
+    topic_params: list[Any] = list(params)
     pg = is_pg(conn)
+    if ids is not None:  # one parameter whatever the count: one text, one prepared statement
+        topic_sql += " AND c.id = ANY(%s)" if pg else " AND c.id IN (SELECT value FROM json_each(%s))"
+        topic_params = [*topic_params, [int(i) for i in ids] if pg else json.dumps([int(i) for i in ids])]
     sql = _claim_text(pg, topic_sql, blocking_statuses())
     if pg:
         return sql, [*topic_params, limit, worker, float(lease_seconds)]
@@ -175,8 +202,9 @@ def _claim_once(
     limit: int,
     lease_seconds: float,
     topics: Sequence[str] | None,
+    ids: Sequence[int] | None = None,
 ) -> tuple[list[Message], int]:
-    sql, params = claim_sql(conn, worker=worker, limit=limit, lease_seconds=lease_seconds, topics=topics)
+    sql, params = claim_sql(conn, worker=worker, limit=limit, lease_seconds=lease_seconds, topics=topics, ids=ids)
     with worker_cursor(conn) as cursor:
         with walking_plan(conn):
             cursor.execute(sql, params)
@@ -277,10 +305,16 @@ def next_due(alias: str, *, topics: Sequence[str] | None = None) -> float | None
     return wait
 
 
-def _fenced_heads_sql(conn: BaseDatabaseWrapper, topics: Sequence[str] | None) -> tuple[str, list[Any]]:
+def _fenced_heads_sql(
+    conn: BaseDatabaseWrapper, topics: Sequence[str] | None, ids: Sequence[int] | None = None
+) -> tuple[str, list[Any]]:
     """PostgreSQL: a due keyed message at the head of its key that only the commit-order fence holds
-    back (not yet stamped, or stamped above the oldest running transaction)."""
-    topic_sql, topic_params = topic_filter(topics, column="c.topic")
+    back (not yet stamped, or stamped above the oldest running transaction); of ``ids`` if given."""
+    topic_sql, params = topic_filter(topics, column="c.topic")
+    topic_params: list[Any] = list(params)
+    if ids is not None:
+        topic_sql += " AND c.id = ANY(%s)"
+        topic_params = [*topic_params, [int(i) for i in ids]]
     blocking = blocking_statuses()
     sql = (
         f"SELECT 1 FROM {MESSAGE} AS c WHERE c.status = %s AND c.available_at <= {SERVER_NOW}{topic_sql}"
@@ -311,4 +345,16 @@ def work_in_progress(alias: str, *, topics: Sequence[str] | None = None) -> bool
             return False
         fenced_sql, fenced_params = _fenced_heads_sql(conn, topics)
         cursor.execute(fenced_sql, fenced_params)
+        return cursor.fetchone() is not None
+
+
+def held_by_the_fence(alias: str, ids: Sequence[int]) -> bool:
+    """PostgreSQL: whether one of ``ids`` is a due head of its key that waits only for the commit-order
+    fence (``OUTBOX["EAGER"]`` waits a little for it); always False on SQLite, which has no fence."""
+    conn = connection(alias)
+    if not ids or not is_pg(conn):
+        return False
+    sql, params = _fenced_heads_sql(conn, None, ids)
+    with conn.cursor() as cursor:
+        cursor.execute(sql, params)
         return cursor.fetchone() is not None

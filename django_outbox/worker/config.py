@@ -54,6 +54,8 @@ class RelayConfig:
     batch_size: int = _setting("BATCH_SIZE")
     concurrency: int = AUTO_CONCURRENCY
     topics: tuple[str, ...] = ()
+    #: Only these messages (``OUTBOX["EAGER"]``: what one transaction sent); None: any due message.
+    ids: tuple[int, ...] | None = None
     lease_seconds: float = _setting("LEASE_SECONDS")
     poll_interval: float = _setting("POLL_INTERVAL_SECONDS")
     until_empty: bool = False

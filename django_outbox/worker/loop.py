@@ -170,6 +170,7 @@ class Relay:
                     limit=cfg.batch_size,
                     lease_seconds=cfg.lease_seconds,
                     topics=cfg.topics,
+                    ids=cfg.ids,
                 )
             finally:
                 with self._activity:

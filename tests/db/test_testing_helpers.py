@@ -229,7 +229,7 @@ def _examples() -> list[str]:
 @pytest.mark.slow
 def test_the_testing_pages_examples_pass_as_a_users_tests(tmp_path: Path) -> None:
     examples = _examples()
-    assert len(examples) == 3
+    assert len(examples) == 4
     for number, code in enumerate(examples):
         (tmp_path / f"test_example_{number}.py").write_text(code, encoding="utf-8")
     database = {"ENGINE": "django.db.backends.sqlite3", "NAME": str(tmp_path / "db")}
@@ -249,7 +249,7 @@ def test_the_testing_pages_examples_pass_as_a_users_tests(tmp_path: Path) -> Non
         timeout=240,
     )
     assert run.returncode == 0, run.stdout[-4000:] + run.stderr[-2000:]
-    assert "4 passed" in run.stdout, run.stdout[-2000:]
+    assert "7 passed" in run.stdout, run.stdout[-2000:]
 
 
 def test_the_module_imports_no_model_before_django_is_set_up() -> None:

@@ -3,15 +3,17 @@
 from __future__ import annotations
 
 import argparse
+import logging
 import signal
 import sys
 from collections.abc import Callable
 from types import FrameType
 from typing import Any
 
+from django.conf import settings
 from django.core.management.base import BaseCommand, CommandError, CommandParser
 
-from django_outbox.conf import bounded
+from django_outbox.conf import EAGER_WORKER, bounded, get_settings
 from django_outbox.worker import Relay, RelayConfig, Stats
 
 
@@ -73,6 +75,7 @@ class Command(BaseCommand):
         parser.add_argument("--database", help="Database alias holding the outbox (default OUTBOX['DATABASE']).")
 
     def handle(self, *args: Any, **options: Any) -> None:
+        self._warn_if_eager()
         config = RelayConfig.from_settings(
             database=options["database"],
             batch_size=options["batch_size"],
@@ -90,6 +93,27 @@ class Command(BaseCommand):
         finally:
             for signum, handler in previous.items():
                 signal.signal(signum, handler)
+
+    def _warn_if_eager(self) -> None:
+        """Say loudly that ``OUTBOX["EAGER"]`` is on: test settings where a worker runs.
+
+        A warning, not a refusal: a worker beside eager sends is safe (both claim through the same
+        leased statement, so nothing is delivered twice) and a test suite may start one on purpose, to
+        deliver what eager delivery leaves waiting (retries, scheduled messages). What the setting costs
+        in production is every request that sends waiting for the deliveries, so it must not go unseen.
+        """
+        if not get_settings().EAGER or EAGER_WORKER in settings.SILENCED_SYSTEM_CHECKS:
+            return
+        logging.getLogger("django_outbox.relay").warning(
+            "OUTBOX['EAGER'] is on in a worker's settings (%s): it is meant for tests", EAGER_WORKER
+        )
+        self.stderr.write(
+            self.style.WARNING(
+                f"WARNING ({EAGER_WORKER}): OUTBOX['EAGER'] is on, a setting for tests: every transaction that"
+                " sends delivers its messages itself, in the sending process, right after its commit.\n"
+                "\tHINT: Remove OUTBOX['EAGER'] from the settings this worker runs with (docs/testing.md)."
+            )
+        )
 
     def _run(self, relay: Relay, config: RelayConfig, verbosity: int) -> None:
         if verbosity >= 1:
