@@ -1,4 +1,8 @@
-"""POST each message's JSON payload to an HTTP endpoint, signed per Standard Webhooks.
+"""POST each message to an HTTP endpoint as JSON, signed per Standard Webhooks.
+
+The body is the Standard Webhooks envelope ``{"type": topic, "timestamp": ..., "data": payload}``
+(``OPTIONS["FORMAT"] = "standard-webhooks"``, the default), so one endpoint can serve several topics, or
+the bare payload (``"payload"``). The signature covers exactly the bytes sent.
 
 One pooled ``httpx.Client`` per transport instance, and the relay builds one instance per worker
 thread, so connections are reused without locking. Redirects are never followed and the address a
@@ -25,6 +29,7 @@ from typing import TYPE_CHECKING, Any, ClassVar
 from urllib.parse import urlsplit
 
 from django.core.serializers.json import DjangoJSONEncoder
+from django.utils import timezone
 from django.utils.module_loading import import_string
 
 from ..exceptions import MissingExtraError, PermanentDeliveryError, TransientDeliveryError
@@ -60,6 +65,12 @@ BAD_RESOLVER = "django_outbox.E044"
 BAD_TIMEOUT = "django_outbox.E045"
 BAD_ALLOWED_HOSTS = "django_outbox.E046"
 UNKNOWN_OPTION = "django_outbox.E047"
+BAD_FORMAT = "django_outbox.E049"
+
+#: ``OPTIONS["FORMAT"]`` values: the Standard Webhooks envelope (default), or the bare payload.
+STANDARD_WEBHOOKS = "standard-webhooks"
+PAYLOAD = "payload"
+FORMATS = (STANDARD_WEBHOOKS, PAYLOAD)
 
 
 @dataclass(frozen=True, kw_only=True, slots=True)
@@ -249,7 +260,35 @@ def _header_value(text: str) -> str:
     return urllib.parse.quote(text, safe="".join(chr(c) for c in range(0x21, 0x7F) if chr(c) != "%"))
 
 
+def utc_timestamp(when: dt.datetime) -> str:
+    """``when`` in UTC as ISO 8601 with microseconds and ``Z``: ``2026-12-01T12:00:00.123456Z``.
+
+    A naive datetime (``USE_TZ = False``) is wall-clock time in ``TIME_ZONE``, as Django stores it, not
+    UTC: read as UTC it would be hours off in every project outside UTC.
+    """
+    if timezone.is_naive(when):
+        when = timezone.make_aware(when, timezone.get_default_timezone())
+    return when.astimezone(dt.UTC).strftime("%Y-%m-%dT%H:%M:%S.%fZ")
+
+
+def webhook_body(message: Message, body_format: str = STANDARD_WEBHOOKS) -> bytes:
+    """The bytes POSTed (and signed) for ``message``: compact JSON, non-ASCII escaped.
+
+    ``standard-webhooks``: ``{"type": topic, "timestamp": created_at in UTC, "data": payload}``, the
+    envelope the specification recommends, whatever JSON the payload is (object, list, string, number
+    or null); ``payload``: the payload alone.
+    """
+    content: Any = message.payload
+    if body_format == STANDARD_WEBHOOKS:
+        content = {"type": message.topic, "timestamp": utc_timestamp(message.created_at), "data": message.payload}
+    return json.dumps(content, cls=DjangoJSONEncoder, separators=(",", ":")).encode()
+
+
 _URL_EXAMPLE = "Example: 'https://hooks.example.com/in'."
+_FORMAT_HINT = (
+    f"Use {STANDARD_WEBHOOKS!r} (the default: the Standard Webhooks envelope) or {PAYLOAD!r} (the bare "
+    "payload); 'cloudevents' is not available yet."
+)
 
 
 def _url_refused(url: str) -> str | None:
@@ -313,6 +352,8 @@ class WebhookOptions:
         expected="a list of host names",
         hint="Example: 'ALLOWED_HOSTS': ['127.0.0.1'].",
     )
+    #: What the body is: the Standard Webhooks envelope, or the payload alone (as before the envelope).
+    format: str = option(STANDARD_WEBHOOKS, kind=str, choices=FORMATS, id=BAD_FORMAT, hint=_FORMAT_HINT)
 
 
 class WebhookTransport(BaseTransport):
@@ -364,7 +405,7 @@ class WebhookTransport(BaseTransport):
             secret_key(target.secret)
         except ValueError as exc:
             raise PermanentDeliveryError(f"unusable webhook secret for {target.url}: {exc}") from exc
-        body = json.dumps(message.payload, cls=DjangoJSONEncoder, separators=(",", ":")).encode()
+        body = webhook_body(message, self.settings.format)
         msg_id = str(message.uuid)
         timestamp = int(time.time())
         headers = {

@@ -21,7 +21,12 @@ from testproject.shop.webhooks import INBOX_SOURCE
 pytestmark = pytest.mark.django_db(transaction=True)
 
 URL = "/webhooks/orders/"
-EVENT = {"topic": "orders.created", "payload": {"order_id": 7, "item": "mug", "quantity": 2}}
+#: What the shop's webhook transport sends (the Standard Webhooks envelope, its default FORMAT).
+EVENT = {
+    "type": "orders.created",
+    "timestamp": "2026-12-01T12:00:00.123456Z",
+    "data": {"order_id": 7, "item": "mug", "quantity": 2},
+}
 
 
 def signed_headers(body: bytes, webhook_id: str, *, timestamp: int | None = None, secret: str | None = None):
@@ -111,3 +116,40 @@ def test_concurrent_redeliveries_over_http_ship_once(live_server):
         t.join(60)
     assert sorted(statuses) == ["duplicate"] * 4 + ["processed"]
     assert Shipment.objects.count() == 1
+
+
+@pytest.mark.parametrize(
+    "event",
+    [
+        {**EVENT, "type": "orders.cancelled"},
+        {"order_id": 7, "item": "mug", "quantity": 2},  # a bare payload: FORMAT "payload" names no type
+        [EVENT],
+        None,
+    ],
+)
+def test_events_of_other_types_are_acknowledged_and_change_nothing(client, event):
+    """One endpoint may be sent several topics: it acts on those it knows and answers 2xx to the rest."""
+    response = deliver(client, "msg_other", json.dumps(event).encode())
+    assert response.status_code == 200
+    assert response.json() == {"status": "ignored"}
+    assert Shipment.objects.count() == 0
+    assert InboxMessage.objects.count() == 0
+
+
+def test_the_shops_own_outbox_delivers_to_its_receiver_through_a_real_worker(settings, live_server):
+    """End to end, as the demo runs: the shop's order event, the real relay, its webhook transport (default
+    FORMAT), over HTTP to the receiver, which verifies the envelope and ships once."""
+    from django_outbox import outbox
+    from django_outbox.models import Message
+    from django_outbox.worker import Relay, RelayConfig
+
+    hooks = settings.OUTBOX["TRANSPORTS"]["shop-webhooks"]
+    options = {**hooks["OPTIONS"], "URL": f"{live_server.url}{URL}"}
+    settings.OUTBOX = {**settings.OUTBOX, "TRANSPORTS": {"shop-webhooks": {**hooks, "OPTIONS": options}}}
+    message = outbox.send("orders.created", {"order_id": 9, "item": "teapot", "quantity": 1}, key="order-9")
+    Relay(RelayConfig.from_settings(until_empty=True, poll_interval=0.05, notify=False)).run()
+    message.refresh_from_db()
+    assert message.status == Message.Status.DELIVERED, message.last_error
+    shipment = Shipment.objects.get()
+    assert (shipment.order_id, shipment.item, shipment.quantity) == (9, "teapot", 1)
+    assert shipment.webhook_id == str(message.uuid)

@@ -72,7 +72,12 @@ def test_delivers_signed_request_that_standardwebhooks_verifies(hooks, server):
     first, second = server.requests
     assert first.path == "/hook"
     assert first.headers["content-type"] == "application/json"
-    assert json.loads(first.body) == {"id": 1, "total": "9.90", "name": "Ann ✓"}
+    keyed.refresh_from_db()
+    assert json.loads(first.body) == {
+        "type": "orders.created",
+        "timestamp": keyed.created_at.astimezone(dt.UTC).strftime("%Y-%m-%dT%H:%M:%S.%fZ"),
+        "data": {"id": 1, "total": "9.90", "name": "Ann ✓"},
+    }
     assert first.headers["webhook-id"] == str(keyed.uuid)
     assert first.headers["idempotency-key"] == "order-1"
     assert second.headers["idempotency-key"] == str(plain.uuid)
@@ -183,7 +188,7 @@ def test_private_targets_are_refused_unless_allowed(hooks, server, host):
     hooks(URL=server.url().replace("127.0.0.1", host), ALLOWED_HOSTS=[host])
     outbox.send("orders.created", {"id": 2})
     relay()
-    assert [json.loads(r.body) for r in server.requests] == [{"id": 2}]
+    assert [json.loads(r.body)["data"] for r in server.requests] == [{"id": 2}]
 
 
 def test_address_classification():
