@@ -234,3 +234,18 @@ def test_waiting_behind_blocked_keys_is_counted_up_to_the_cap(monkeypatch):
     monkeypatch.setattr(overview, "EXACT_COUNT_CAP", 2)
     [blocked] = overview.blocked_keys()
     assert (blocked.waiting, blocked.waiting_exact) == (3, False), "a lower bound past the cap"
+
+
+def test_blocked_keys_have_their_own_line_and_health_check_apart_from_the_lag():
+    """A key stopped at a dead message is not lag (the lag check stays quiet) but has its own exit code."""
+    ago = timezone.now() - dt.timedelta(seconds=600)
+    dead = MessageFactory.create(key="order-7", status=Message.Status.DEAD, created_at=ago, available_at=ago)
+    MessageFactory.create(key="order-7", available_at=ago, created_at=ago)
+    text = status()
+    assert f"blocked keys: 1 (order-7 at dead message {dead.id})" in text
+    data = json.loads(status("--json", "--fail-if-lag-over", "60", "--fail-if-blocked-keys-over", "1"))
+    assert data["healthy"] and data["lag_seconds"] == 0 and len(data["blocked_keys"]) == 1
+    with pytest.raises(CommandError, match=r"1 keys blocked behind a dead message, more than 0"):
+        status("--fail-if-lag-over", "60", "--fail-if-blocked-keys-over", "0")
+    MessageFactory.create(key="order-7", status=Message.Status.DEAD, created_at=ago)  # a second dead: one key
+    assert status().count("blocked keys: 1 ") == 1

@@ -42,6 +42,13 @@ class Command(BaseCommand):
         parser.add_argument(
             "--fail-if-dead-over", type=int, metavar="N", help="Exit 1 when more than N messages are dead."
         )
+        parser.add_argument(
+            "--fail-if-blocked-keys-over",
+            type=int,
+            metavar="N",
+            help="Exit 1 when more than N keys are stopped behind a dead message (apart from the lag, which"
+            " leaves them out).",
+        )
 
     def handle(self, *args: Any, **options: Any) -> None:
         using = options["database"] or get_settings().DATABASE
@@ -70,6 +77,11 @@ class Command(BaseCommand):
         dead = figures.counts["dead"].value
         if dead_limit is not None and dead > dead_limit:
             problems.append(f"{dead} dead messages, more than {dead_limit}")
+        blocked_limit = options.get("fail_if_blocked_keys_over")
+        if blocked_limit is not None and len(figures.blocked_keys) > blocked_limit:
+            problems.append(
+                f"{len(figures.blocked_keys)} keys blocked behind a dead message, more than {blocked_limit}"
+            )
         return problems
 
     def _print(self, figures: overview.Overview) -> None:
@@ -79,6 +91,16 @@ class Command(BaseCommand):
         write(f"lag: {figures.lag_seconds:.1f}s{oldest}")
         write(
             f"held: {figures.held_by_schedule} scheduled, {figures.held_by_key} behind an earlier message of their key"
+        )
+        blocked = figures.blocked_keys
+        write(
+            f"blocked keys: {len(blocked)}"
+            + (
+                " (" + ", ".join(f"{b.key} at dead message {b.dead_message_id}" for b in blocked[:5]) + ")"
+                if blocked
+                else ""
+            )
+            + (", ..." if len(blocked) > 5 else "")
         )
         write(f"last hour: {figures.delivered_last_hour} delivered, {figures.failed_last_hour} failed or abandoned")
         if figures.dead_by_topic:
