@@ -147,12 +147,13 @@ class Listener(threading.Thread):
                     self.wake()
                     delay = 0.1
                     while not self._ending():
+                        # timeout=0 hands over what psycopg holds already (notifications that came with a
+                        # statement's reply) and what the socket holds, without waiting
+                        for _ in conn.notifies(timeout=0):
+                            self.wake()
                         readable, _, _ = select.select([conn.fileno(), self._stop_read], [], [], self.IDLE_POLL)
                         if self._stop_read in readable:
                             return
-                        # timeout=0 reads what the socket holds and hands over every notification parsed
-                        for _ in conn.notifies(timeout=0):
-                            self.wake()
             except Exception as exc:  # any failure means: reconnect, and poll meanwhile
                 self.connected.clear()
                 if self._ending():
