@@ -19,7 +19,7 @@ from .. import store
 from ..retention import housekeeping
 from .config import RelayConfig
 from .errors import describe_error
-from .stats import Stats
+from .stats import Counts, Stats
 
 logger = logging.getLogger("django_outbox.relay")
 
@@ -44,17 +44,20 @@ class Keeper:
         self.ring = ring
         self.started_at = started_at
         self._hostname, self._pid = socket.gethostname(), os.getpid()
+        #: The counts of the last heartbeat, written once ``done`` is set: what the closing line prints.
+        self.final: Counts | None = None
 
-    def beat(self, *, stopped: bool = False) -> store.WorkerBeat:
+    def beat(self, counts: Counts | None = None, *, stopped: bool = False) -> store.WorkerBeat:
         cfg, stats = self.config, self.stats
+        counts = counts or stats.counts()
         return store.WorkerBeat(
             worker_id=cfg.worker_id,
             hostname=self._hostname,
             pid=self._pid,
             started_at=self.started_at,
-            in_flight=0 if stopped else stats.in_flight,
-            delivered=stats.delivered,
-            failed=stats.failed + stats.dead,
+            in_flight=0 if stopped else counts.in_flight,
+            delivered=counts.delivered,
+            failed=counts.failed,
             stopped=stopped,
             housekeeping_failures=stats.housekeeping_failures,
             housekeeping_error=stats.housekeeping_error,
@@ -86,8 +89,9 @@ class Keeper:
                     except DatabaseError:
                         pass
                 self.done.wait(interval)
+            self.final = self.stats.counts()
             try:
-                store.heartbeat(cfg.database, self.beat(stopped=True))
+                store.heartbeat(cfg.database, self.beat(self.final, stopped=True))
             except DatabaseError:
                 pass
         finally:

@@ -16,9 +16,10 @@ itself a notification on a second connection after each connect (``hears_itself`
 from __future__ import annotations
 
 import logging
+import os
 import secrets
+import select
 import threading
-import time
 from collections.abc import Callable
 from typing import Any
 
@@ -72,7 +73,14 @@ class Listener(threading.Thread):
     connection that does not hear its own probe (a pooler in transaction pooling) is closed with a
     warning, once, and the listener gives up: the workers poll, and ``connected`` stays clear, which
     tells the delivery threads not to wait for wake-ups.
+
+    It waits on its connection's socket and on a pipe of its own at once: ``stop()`` writes to the pipe
+    (safe from a signal handler), so a stopping worker's listener closes its connection and ends at once,
+    rather than at the end of a timed wait.
     """
+
+    #: Longest wait on the socket before the connection is polled anyway (a lost wake-up costs no more).
+    IDLE_POLL = 5.0
 
     def __init__(
         self, alias: str, wake: Callable[[], None], stopping: Callable[[], bool], *, poll_interval: float | None = None
@@ -84,15 +92,43 @@ class Listener(threading.Thread):
         self.stopping = stopping
         self.connected = threading.Event()
         self.deaf = False  # its connection did not hear its own probe: the workers poll
+        self._stop_read, self._stop_write = os.pipe()
+        os.set_blocking(self._stop_write, False)
+        self._stopped = threading.Event()
+        self._pipe_lock = threading.RLock()  # re-entrant: stop() may run in a signal handler, over itself
+        self._pipe_open = True
+
+    def stop(self) -> None:
+        """Ask the thread to end now: it is woken from its wait on the socket, or from its reconnect delay."""
+        self._stopped.set()
+        with self._pipe_lock:
+            if self._pipe_open:
+                try:
+                    os.write(self._stop_write, b"x")
+                except BlockingIOError:  # the pipe is full: it was asked already
+                    pass
+
+    def _ending(self) -> bool:
+        return self._stopped.is_set() or self.stopping()
 
     def run(self) -> None:
+        try:
+            self._run()
+        finally:
+            self.connected.clear()
+            with self._pipe_lock:
+                self._pipe_open = False
+                os.close(self._stop_read)
+                os.close(self._stop_write)
+
+    def _run(self) -> None:
         import psycopg
 
         settings = get_settings()
         channel = settings.NOTIFY_CHANNEL
         target = listen_alias(self.alias)
         delay = 0.1
-        while not self.stopping():
+        while not self._ending():
             try:
                 with psycopg.connect(**raw_params(target), autocommit=True) as conn:
                     if not hears_itself(conn, self.alias):
@@ -110,13 +146,18 @@ class Listener(threading.Thread):
                     self.connected.set()
                     self.wake()
                     delay = 0.1
-                    while not self.stopping():
-                        for _ in conn.notifies(timeout=0.5, stop_after=1):
+                    while not self._ending():
+                        # timeout=0 hands over what psycopg holds already (notifications that came with a
+                        # statement's reply) and what the socket holds, without waiting
+                        for _ in conn.notifies(timeout=0):
                             self.wake()
+                        readable, _, _ = select.select([conn.fileno(), self._stop_read], [], [], self.IDLE_POLL)
+                        if self._stop_read in readable:
+                            return
             except Exception as exc:  # any failure means: reconnect, and poll meanwhile
                 self.connected.clear()
-                if self.stopping():
+                if self._ending():
                     return
                 logger.warning("outbox listener lost its connection (%s); reconnecting in %.1fs", exc, delay)
-                time.sleep(delay)
+                self._stopped.wait(delay)
                 delay = min(delay * 2, 10.0)

@@ -29,7 +29,7 @@ from .keeper import Keeper
 from .listener import Listener
 from .outages import database_down
 from .pipeline import Pipeline
-from .stats import Stats
+from .stats import Counts, Stats
 
 logger = logging.getLogger("django_outbox.relay")
 
@@ -67,13 +67,20 @@ class Relay:
         if not graceful:
             self._force.set()
         self._bell.open()
+        if self.listener is not None:
+            self.listener.stop()
 
     @property
     def stopping(self) -> bool:
         return self._stopping.is_set()
 
-    def run(self, *, progress: Callable[[Stats], None] | None = None, progress_every: float = 2.0) -> None:
-        """Relay until stopped (or, with ``until_empty``, until nothing is left to do now)."""
+    def run(self, *, progress: Callable[[Counts], None] | None = None, progress_every: float = 2.0) -> None:
+        """Relay until stopped (or, with ``until_empty``, until nothing is left to do now).
+
+        On the way out every thread is woken at once (the doorbell opened, the keeper's and housekeeper's
+        ``done``, the listener's pipe) and joined, so an idle worker stops in the time a bare process takes.
+        The last ``progress`` call gets the counts the last heartbeat wrote.
+        """
         cfg = self.config
         logger.info(
             "worker %s starting: database=%s concurrency=%d batch=%d topics=%s",
@@ -91,8 +98,10 @@ class Relay:
             self.pipeline.wakes_others = True
         keeper = threading.Thread(target=self.keeper.keep, name="outbox-keeper", daemon=True)
         keeper.start()
+        housekeeper: threading.Thread | None = None
         if cfg.housekeeping_interval > 0 and not cfg.until_empty:
-            threading.Thread(target=self.keeper.housekeep, name="outbox-housekeeper", daemon=True).start()
+            housekeeper = threading.Thread(target=self.keeper.housekeep, name="outbox-housekeeper", daemon=True)
+            housekeeper.start()
         self._threads = [
             threading.Thread(target=self._deliver_loop, name=f"outbox-delivery-{i}", daemon=True)
             for i in range(cfg.concurrency)
@@ -106,19 +115,27 @@ class Relay:
                 break
             self._stopping.wait(0.2)
             if progress is not None and time.monotonic() >= next_progress:
-                progress(self.stats)
+                progress(self.stats.counts())
                 next_progress = time.monotonic() + progress_every
         self._stopping.set()
         self._done.set()
+        if self.listener is not None:
+            self.listener.stop()
         keeper.join(timeout=10)
+        # Idle, they end at once; a housekeeping round under way is not waited for (the next worker's
+        # round picks up where it stopped), nor a listener still connecting.
+        for waiting in (self.listener, housekeeper):
+            if waiting is not None:
+                waiting.join(timeout=0.5)
+        final = self.keeper.final or self.stats.counts()  # the keeper's own: what its last heartbeat wrote
         if progress is not None:
-            progress(self.stats)
+            progress(final)
         logger.info(
             "worker %s stopped: delivered=%d failed=%d dead=%d",
             cfg.worker_id,
-            self.stats.delivered,
-            self.stats.failed,
-            self.stats.dead,
+            final.delivered,
+            final.failed,
+            final.dead,
         )
 
     def _await_threads(self, grace: float) -> None:

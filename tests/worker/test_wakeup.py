@@ -94,6 +94,7 @@ def _start_idle_worker(poll_interval: float, **overrides: object) -> tuple[Relay
     relay = Relay(RelayConfig.from_settings(poll_interval=poll_interval, **overrides))
     thread = threading.Thread(target=relay.run, daemon=True)
     thread.start()
+    wait_for(lambda: relay.listener is not None, timeout=10)  # run() makes it, in the worker's thread
     assert relay.listener is not None
     wait_for(relay.listener.connected.is_set, timeout=10)
     time.sleep(0.3)  # let the delivery threads go idle

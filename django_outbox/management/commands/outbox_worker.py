@@ -14,7 +14,7 @@ from django.conf import settings
 from django.core.management.base import BaseCommand, CommandError, CommandParser
 
 from django_outbox.conf import EAGER_WORKER, bounded, get_settings
-from django_outbox.worker import Relay, RelayConfig, Stats
+from django_outbox.worker import Counts, Relay, RelayConfig
 
 
 def _setting(name: str, kind: type[int] | type[float]) -> Callable[[str], int | float]:
@@ -127,11 +127,8 @@ class Command(BaseCommand):
         if relay.stats.in_flight:
             raise CommandError("stopped with deliveries still in progress; their leases will expire")
 
-    def _progress(self, stats: Stats) -> None:
-        line = (
-            f"delivered {stats.delivered}  failed {stats.failed}  dead {stats.dead}  "
-            f"in flight {stats.in_flight}  {stats.rate():.1f} msg/s"
-        )
+    def _progress(self, counts: Counts) -> None:
+        line = counts.line()  # the closing line: the counts of the last heartbeat (``outbox_status``'s)
         if self.stdout.isatty():
             self.stdout.write("\r" + line, ending="")
             self.stdout.flush()
