@@ -43,17 +43,27 @@ _logger = logging.getLogger("django_outbox.store")
 
 
 def _prepared_statements_lost(exc: BaseException) -> bool:
+    """The server refused one of our prepared statements before running it.
+
+    Its name is taken (PREPARE), unknown (EXECUTE), or names another client's statement on the server
+    connection a pooler lent this transaction: then the Bind is refused as a protocol violation ("bind
+    message supplies 6 parameters, but prepared statement "_pg3_0" requires 3", or a parameter that does
+    not parse as that statement's type).
+    """
     cause = exc.__cause__ if isinstance(exc, DatabaseError) and exc.__cause__ is not None else exc
     return psycopg is not None and isinstance(
-        cause, psycopg.errors.DuplicatePreparedStatement | psycopg.errors.InvalidSqlStatementName
+        cause,
+        psycopg.errors.DuplicatePreparedStatement
+        | psycopg.errors.InvalidSqlStatementName
+        | psycopg.errors.ProtocolViolation,
     )
 
 
 def unprepared_on_loss(conn: BaseDatabaseWrapper, run: Callable[[], T]) -> T:
     """``run()``, and once more unprepared if its prepared statement did not survive (a pooler).
 
-    Both errors come before the statement runs (PostgreSQL refuses the PREPARE or the EXECUTE of an
-    unknown name), so running it again is safe: nothing was claimed or recorded twice. From then on this
+    These errors come before the statement runs (PostgreSQL refuses the PREPARE, or the Bind of an unknown
+    or foreign statement), so running it again is safe: nothing was claimed or recorded twice. From then on this
     process prepares nothing on that alias, which is what ``OUTBOX["PREPARED_STATEMENTS"] = False``
     would have said; it is logged once. Treated as an outage instead, it cost a backoff per batch and,
     for a record, a duplicate delivery.

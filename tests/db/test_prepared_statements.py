@@ -124,3 +124,29 @@ def test_other_time_zone_settings_still_read_as_django_reads(postgres, settings)
         )
         assert store.record("default", worker="w1", outcomes=[outcome]) == set()
         assert Message.objects.get(pk=claimed.pk).attempt_log.get().started_at == started
+
+
+def test_a_statement_name_taken_by_another_client_is_a_lost_statement_not_an_outage(postgres, caplog):
+    """Behind transaction pooling another client's statement of the same name may sit on the server
+    connection a transaction lands on: PostgreSQL then refuses the Bind ("bind message supplies 6
+    parameters, but prepared statement "_pg3_0" requires 3"), before anything runs. Seen in CI through
+    PgBouncer; here the same server session is made by hand, on a direct connection."""
+    from django_outbox.store import cursors
+
+    connection.close()
+    cursors._UNPREPARED.discard("default")
+    _claim_and_record()  # psycopg prepared the claim and the record on this session
+    with connection.cursor() as cursor:
+        cursor.execute("SELECT name FROM pg_prepared_statements")
+        names = [row[0] for row in cursor.fetchall()]
+        assert names, "nothing was prepared: the test would prove nothing"
+        for name in names:  # what another client of the pooler left under the same names
+            cursor.execute(f'DEALLOCATE "{name}"')
+            cursor.execute(f'PREPARE "{name}" AS SELECT 1')
+    MessageFactory()
+    with caplog.at_level("WARNING", logger="django_outbox.store"):
+        (claimed,) = store.claim("default", worker="w1", limit=10, lease_seconds=30)
+    assert claimed.status == Message.Status.PROCESSING
+    assert "prepared statements do not survive" in caplog.text
+    assert "default" in cursors._UNPREPARED
+    cursors._UNPREPARED.discard("default")

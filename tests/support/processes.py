@@ -87,3 +87,5 @@ class WorkerProcess:
                 self.kill()
             else:
                 no_pooler_artefact_taken_for_an_outage(out)
+        elif self.proc.stdout is not None and not self.proc.stdout.closed:
+            self.proc.communicate(timeout=10)  # it exited on its own: read the rest and close the pipe
