@@ -87,12 +87,8 @@ def test_the_message_lists_when_names_its_moment_and_sorts_by_it(admin_client):
     assert f"last due {written(dead.available_at)}" in text
     assert "available at" not in text.lower() and "delivered at" not in text.lower()
 
-    sort = re.search(
-        r'<th scope="col" class="sortable column-when_display[^"]*">\s*(?:<div[^>]*>.*?</div>\s*)?'
-        r'<div class="text"><a href="(\?o=[^"]+)"',
-        html,
-        re.S,
-    )
+    header = html[html.index("column-when_display") :]
+    sort = re.search(r'href="(\?o=[^"]+)"', header[: header.index("</th>")])
     assert sort, "the when column sorts"
     ordered = admin_client.get(listing + sort.group(1).replace("&amp;", "&")).content.decode()
     shown = [int(i) for i in re.findall(r'<th class="field-id"><a href="[^"]+/(\d+)/change/', ordered)]
