@@ -84,16 +84,21 @@ def when(value: dt.datetime | None) -> str:
     return date_format(timezone.localtime(value) if timezone.is_aware(value) else value, WHEN_FORMAT)
 
 
+def when_cell(value: dt.datetime | None) -> SafeString | str:
+    """``when(value)`` for a list cell: a narrow column breaks it between the day and the time, never
+    inside the day at its hyphens."""
+    day, _, time = when(value).partition(" ")
+    if not time:
+        return day
+    return format_html('<span class="outbox-day">{}</span> {}', day, time)
+
+
 def when_column(name: str, model: Any = Message) -> Any:
     """A list column (or read-only field) that writes ``model``'s datetime field ``name`` as ``when``."""
 
     @admin.display(description=model._meta.get_field(name).verbose_name, ordering=name, empty_value="")
     def column(model_admin: Any, obj: Any) -> SafeString | str:
-        day, _, time = when(getattr(obj, name)).partition(" ")
-        if not time:
-            return day
-        # a narrow column breaks between the day and the time, never inside the day at its hyphens
-        return format_html('<span class="outbox-day">{}</span> {}', day, time)
+        return when_cell(getattr(obj, name))
 
     column.__name__ = f"{name}_when"
     return column

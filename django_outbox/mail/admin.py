@@ -23,7 +23,7 @@ from django.urls import NoReverseMatch, URLPattern, path, reverse
 from django.utils.html import format_html, format_html_join
 from django.utils.safestring import SafeString
 
-from ..admin.display import ContentProtectedAdmin, disclosure, error_block
+from ..admin.display import ContentProtectedAdmin, disclosure, error_block, when_column
 from ..admin.redaction import HIDDEN, Disclosure, email_recipients, log_reveal
 from ..conf import EMAIL_TRANSPORT, EMAIL_TRANSPORT_BACKEND, get_settings
 from .links import view_url
@@ -63,7 +63,7 @@ def sends_email() -> bool:
 @admin.register(OutboxEmail)
 class EmailLogAdmin(ContentProtectedAdmin, _ModelAdmin):
     audit_view = "email"
-    list_display = ("created_at", "subject", "recipient_list", "status", "attempts")
+    list_display = ("created_at_when", "subject", "recipient_list", "status", "attempts")
     list_filter = ("status",)
     date_hierarchy = "created_at"
     fields = (
@@ -74,9 +74,9 @@ class EmailLogAdmin(ContentProtectedAdmin, _ModelAdmin):
         "status",
         "attempts",
         "max_attempts",
-        "created_at",
-        "delivered_at",
-        "available_at",
+        "created_at_when",
+        "delivered_at_when",
+        "available_at_when",
         "last_error_display",
         "uuid",
         "browser_link",
@@ -103,6 +103,11 @@ class EmailLogAdmin(ContentProtectedAdmin, _ModelAdmin):
         if sends_email() or self.get_queryset(request).exists():
             return perms
         return dict.fromkeys(perms, False)
+
+    # the moments as every outbox page writes them
+    created_at_when = when_column("created_at", OutboxEmail)
+    delivered_at_when = when_column("delivered_at", OutboxEmail)
+    available_at_when = when_column("available_at", OutboxEmail)
 
     @admin.display(description="subject")
     def subject(self, obj: OutboxEmail) -> str:

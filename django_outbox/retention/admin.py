@@ -15,7 +15,15 @@ from django.utils.safestring import SafeString
 from django.utils.translation import gettext_lazy as _
 
 from ..admin.counting import EstimatingPaginator
-from ..admin.display import ContentProtectedAdmin, disclosure, error_block, exact_match, pretty_json, status_badge
+from ..admin.display import (
+    ContentProtectedAdmin,
+    disclosure,
+    error_block,
+    exact_match,
+    pretty_json,
+    status_badge,
+    when_column,
+)
 from ..conf import get_settings
 from .models import ArchivedAttempt, ArchivedMessage
 
@@ -33,12 +41,15 @@ class ReadOnly:
 
 class ArchivedAttemptInline(ReadOnly, admin.TabularInline):  # type: ignore[type-arg]
     model = ArchivedAttempt
-    fields = ("number", "outcome", "started_at", "finished_at", "worker", "error_display")
+    fields = ("number", "outcome", "started_at_when", "finished_at_when", "worker", "error_display")
     readonly_fields = fields
     extra = 0
     can_delete = False
     #: The archived message whose page this inline is on, with its disclosure (inlines are made per request).
     parent: ArchivedMessage | None = None
+
+    started_at_when = when_column("started_at", ArchivedAttempt)
+    finished_at_when = when_column("finished_at", ArchivedAttempt)
 
     @admin.display(description=_("error"))
     def error_display(self, obj: ArchivedAttempt) -> str:
@@ -50,7 +61,16 @@ class ArchivedAttemptInline(ReadOnly, admin.TabularInline):  # type: ignore[type
 @admin.register(ArchivedMessage)
 class ArchivedMessageAdmin(ContentProtectedAdmin, ReadOnly, admin.ModelAdmin):  # type: ignore[type-arg]
     audit_view = "archive"
-    list_display = ("id", "topic", "key", "status_display", "attempts", "created_at", "delivered_at", "archived_at")
+    list_display = (
+        "id",
+        "topic",
+        "key",
+        "status_display",
+        "attempts",
+        "created_at_when",
+        "delivered_at_when",
+        "archived_at_when",
+    )
     list_filter = ("status",)
     search_fields = ("uuid", "idempotency_key", "key", "topic")
     search_help_text = _("Exact uuid, idempotency key, key, topic or message id.")
@@ -67,10 +87,10 @@ class ArchivedMessageAdmin(ContentProtectedAdmin, ReadOnly, admin.ModelAdmin):  
         "status_display",
         "attempts",
         "max_attempts",
-        "created_at",
-        "available_at",
-        "delivered_at",
-        "archived_at",
+        "created_at_when",
+        "available_at_when",
+        "delivered_at_when",
+        "archived_at_when",
         "payload_display",
         "headers_display",
         "last_error_display",
@@ -101,6 +121,12 @@ class ArchivedMessageAdmin(ContentProtectedAdmin, ReadOnly, admin.ModelAdmin):  
     @admin.display(description=_("status"), ordering="status")
     def status_display(self, obj: ArchivedMessage) -> SafeString:
         return status_badge(obj.status)
+
+    # the moments as every outbox page writes them
+    created_at_when = when_column("created_at", ArchivedMessage)
+    available_at_when = when_column("available_at", ArchivedMessage)
+    delivered_at_when = when_column("delivered_at", ArchivedMessage)
+    archived_at_when = when_column("archived_at", ArchivedMessage)
 
     def get_inline_instances(self, request: HttpRequest, obj: Any = None) -> list[Any]:
         inlines = super().get_inline_instances(request, obj)
