@@ -411,3 +411,23 @@ def test_one_date_format_on_the_list_the_detail_and_the_overview(browser, live_s
     for name, text in browser(texts).items():
         assert ISO_WHEN.search(text), name
         assert not DJANGO_WHEN.search(text), (name, DJANGO_WHEN.findall(text))
+
+
+@pytest.mark.django_db(transaction=True)
+def test_the_email_log_and_the_archive_appear_only_where_they_are_used(browser, live_server, settings):
+    """In the browser, as an operator sees it: the sidebar and the index list the pages a project uses."""
+    from django_outbox.conf import EMAIL_TRANSPORT
+    from tests.db.admin.test_visibility import mail_elsewhere
+
+    mail_elsewhere(settings)
+    settings.OUTBOX = {**settings.OUTBOX, "RETENTION_MODE": "delete"}
+    base = live_server.url
+    browser(logged_in(base, "/admin/"))
+
+    def pages(page: Any) -> list[str]:
+        page.goto(f"{base}/admin/")
+        return sorted(page.locator("#content-main .app-django_outbox th[scope=row] a").all_inner_texts())
+
+    assert browser(pages) == ["Outbox messages"]
+    settings.OUTBOX = {**settings.OUTBOX, "RETENTION_MODE": "archive", "ROUTES": {"notify.*": EMAIL_TRANSPORT}}
+    assert browser(pages) == ["Archived messages", "Email log", "Outbox messages"]
