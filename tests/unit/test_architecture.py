@@ -9,6 +9,7 @@ each other at import time, directly or round a longer circle (imports inside fun
 from __future__ import annotations
 
 import ast
+import functools
 import re
 from collections import defaultdict
 from pathlib import Path
@@ -33,6 +34,7 @@ def unit_of(module: str) -> str:
     return parts[1] if len(parts) > 1 else "__init__"
 
 
+@functools.cache
 def sources() -> dict[str, Path]:
     return {module_name(p): p for p in PACKAGE.rglob("*.py") if "migrations" not in p.parts}
 
