@@ -249,3 +249,20 @@ def test_blocked_keys_have_their_own_line_and_health_check_apart_from_the_lag():
         status("--fail-if-lag-over", "60", "--fail-if-blocked-keys-over", "0")
     MessageFactory.create(key="order-7", status=Message.Status.DEAD, created_at=ago)  # a second dead: one key
     assert status().count("blocked keys: 1 ") == 1
+
+
+@pytest.mark.parametrize(
+    "option, value",
+    [
+        ("--fail-if-lag-over", "nan"),  # lag > nan is never true: a health check that cannot fail
+        ("--fail-if-lag-over", "inf"),
+        ("--fail-if-lag-over", "-1"),  # always true: a health check that cannot pass
+        ("--stale-after", "nan"),
+        ("--fail-if-dead-over", "-1"),
+        ("--fail-if-blocked-keys-over", "-1"),
+        ("--fail-if-blocked-keys-over", "1e3"),
+    ],
+)
+def test_a_health_check_bound_that_could_never_or_always_fire_is_refused(option, value):
+    with pytest.raises(CommandError, match=option.lstrip("-").replace("-", "[-_]")):
+        status(option, value)

@@ -2,13 +2,29 @@
 
 from __future__ import annotations
 
+import argparse
 import json
+import math
+from collections.abc import Callable
 from typing import Any
 
 from django.core.management.base import BaseCommand, CommandError, CommandParser
 
 from django_outbox.admin import overview
 from django_outbox.conf import get_settings
+
+
+def _threshold(kind: type[int] | type[float]) -> Callable[[str], int | float]:
+    """A health check's bound: NaN would make its comparison never fire, a negative one always."""
+
+    def parse(text: str) -> int | float:
+        value = kind(text)
+        if not math.isfinite(value) or value < 0:
+            raise argparse.ArgumentTypeError(f"{text!r} is not a finite number >= 0")
+        return value
+
+    parse.__name__ = kind.__name__  # argparse names the type in its "invalid ... value" message
+    return parse
 
 
 class Command(BaseCommand):
@@ -22,14 +38,14 @@ class Command(BaseCommand):
         parser.add_argument("--database", help="Database alias holding the outbox (default OUTBOX['DATABASE']).")
         parser.add_argument(
             "--stale-after",
-            type=float,
+            type=_threshold(float),
             default=overview.STALE_AFTER_SECONDS,
             metavar="SECONDS",
             help="A worker not heard from for this long counts as gone (default %(default)s).",
         )
         parser.add_argument(
             "--fail-if-lag-over",
-            type=float,
+            type=_threshold(float),
             metavar="SECONDS",
             help="Exit 1 when the oldest deliverable message has waited longer than this.",
         )
@@ -40,11 +56,11 @@ class Command(BaseCommand):
             help="Exit 1 when the last housekeeping round of a live worker raised.",
         )
         parser.add_argument(
-            "--fail-if-dead-over", type=int, metavar="N", help="Exit 1 when more than N messages are dead."
+            "--fail-if-dead-over", type=_threshold(int), metavar="N", help="Exit 1 when more than N messages are dead."
         )
         parser.add_argument(
             "--fail-if-blocked-keys-over",
-            type=int,
+            type=_threshold(int),
             metavar="N",
             help="Exit 1 when more than N keys are stopped behind a dead message (apart from the lag, which"
             " leaves them out).",
