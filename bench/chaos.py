@@ -498,10 +498,13 @@ class PoolerPause:
             self.pooler.admin("PAUSE")
 
     def step(self, now: float) -> bool:
-        """Sample the waiting clients halfway, resume at the end; True once resumed."""
-        if not self.sampled and now >= self.started + POOLER_PAUSE / 2:
+        """Sample the waiting clients through the pause (the most seen at once), resume at the end; True
+        once resumed. One sample halfway missed them on a loaded machine, where the workers' next
+        transaction (a claim, a heartbeat, a lease renewal) could fall on either side of it."""
+        if now >= self.started + 0.5:
             rows = self.pooler.admin("SHOW POOLS")  # database, user, cl_active, cl_waiting, ...
-            self.clients_waiting = sum(int(row[3]) for row in rows if row[0] != "pgbouncer")
+            waiting = sum(int(row[3]) for row in rows if row[0] != "pgbouncer")
+            self.clients_waiting = max(self.clients_waiting, waiting)
             self.sampled = True
         if now < self.started + POOLER_PAUSE:
             return False

@@ -64,7 +64,8 @@ def running_relay(**overrides: Any) -> Iterator[Relay]:
         assert not thread.is_alive(), "the relay did not stop"
 
 
-def outbox_settings(name: str, backend: str, options: dict[str, Any], pattern: str) -> override_settings:
+def outbox_settings(name: str, backend: str, options: dict[str, Any], pattern: str, **outbox: Any) -> override_settings:
+    """One broker transport serving ``pattern``, quick retries; ``outbox`` overrides other settings."""
     return override_settings(
         OUTBOX={
             "MAX_ATTEMPTS": 100,
@@ -73,6 +74,7 @@ def outbox_settings(name: str, backend: str, options: dict[str, Any], pattern: s
             "POLL_INTERVAL_SECONDS": 0.05,
             "TRANSPORTS": {name: {"BACKEND": backend, "OPTIONS": options}},
             "ROUTES": {pattern: name},
+            **outbox,
         }
     )
 

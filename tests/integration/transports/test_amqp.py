@@ -97,9 +97,13 @@ def test_worker_relays_1000_messages_with_ids_headers_payload_and_key_order(rabb
     assert_all_received(sent, consumer.read(1000))
 
 
+SLOW_RETRY = {"BACKOFF_BASE_SECONDS": 60, "BACKOFF_MAX_SECONDS": 120}
+
+
 def test_unroutable_message_is_a_failed_attempt(rabbit):
     _, consumer = rabbit
-    with outbox_settings("rabbit", BACKEND, options(consumer.exchange), "*"):
+    # a retry a minute away: with 50 ms, a loaded machine's next claim came after it and saw attempt 2
+    with outbox_settings("rabbit", BACKEND, options(consumer.exchange), "*", **SLOW_RETRY):
         (message,) = send_many("nobody.listens", 1)
         relay_until_empty()
     message.refresh_from_db()
