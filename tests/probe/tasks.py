@@ -88,3 +88,16 @@ def returns(value_kind: str) -> Any:
 @task
 def huge_error() -> None:
     raise TaskFailure("x" * 10_000_000)
+
+
+@task(takes_context=True)
+def inspect_self(context: TaskContext[Any, Any]) -> dict[str, Any]:
+    """What get_result() says of this task while it runs."""
+    seen = inspect_self.get_result(context.task_result.id)
+    return {
+        "status": seen.status,
+        "started": seen.started_at is not None,
+        "last_attempted": seen.last_attempted_at is not None,
+        "worker_ids": seen.worker_ids,
+        "finished": seen.finished_at is not None,
+    }
