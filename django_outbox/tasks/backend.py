@@ -30,9 +30,9 @@ from .runner import register_handler
 #: ``TASKS[alias]["OPTIONS"]`` names this backend takes.
 OPTIONS = frozenset({"MAX_ATTEMPTS"})
 #: A queue's topic is routed away from the task runner by ``OUTBOX["ROUTES"]``.
-QUEUE_ROUTED_AWAY = "django_outbox.E090"
+QUEUE_ROUTED_AWAY = "django_outbox.E150"
 #: ``TASKS[alias]["OPTIONS"]`` holds a name this backend does not take.
-UNKNOWN_TASK_OPTION = "django_outbox.E091"
+UNKNOWN_TASK_OPTION = "django_outbox.E151"
 
 
 class OutboxBackend(BaseTaskBackend):

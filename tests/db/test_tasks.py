@@ -499,3 +499,12 @@ def test_a_tasks_setting_override_makes_a_fresh_backend():
         assert task_backends["default"].max_attempts == 2
         result = t.add.enqueue(1, 2)
         assert Message.objects.get(uuid=result.id).max_attempts == 2
+
+
+@pytest.mark.django_db(transaction=True)
+def test_with_eager_tasks_run_at_commit(settings):
+    settings.OUTBOX = {**settings.OUTBOX, "EAGER": True}
+    with transaction.atomic():
+        result = t.add.enqueue(5, 6)
+        assert t.add.get_result(result.id).status == TaskResultStatus.READY  # not before the commit
+    assert t.add.get_result(result.id).return_value == 11
