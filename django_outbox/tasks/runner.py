@@ -82,9 +82,12 @@ def run_task(message: Message) -> None:
         if result is not None and final:
             _finish(result, TaskResultStatus.FAILED, data)  # inside the except: the log receiver shows exc_info
         raise
-    data.pop(p.RUNNING, None)
-    data[p.RETURN_VALUE] = value
-    fence.update(payload=data)
+    if value is not None:
+        # None is what a result without a return value reads as: a task returning it (most do) costs
+        # one write, the one above; the stale running entry is ignored once the message is delivered.
+        data.pop(p.RUNNING, None)
+        data[p.RETURN_VALUE] = value
+        fence.update(payload=data)
     _finish(result, TaskResultStatus.SUCCESSFUL, data, value=value)
 
 

@@ -19,11 +19,12 @@ pytest.importorskip("django.tasks", reason="django.tasks is new in Django 6.0")
 
 from asgiref.sync import async_to_sync
 from django.core.exceptions import ImproperlyConfigured
-from django.db import transaction
+from django.db import connection, transaction
 from django.tasks import TaskResultStatus, task, task_backends
 from django.tasks.exceptions import InvalidTask, TaskResultDoesNotExist, TaskResultMismatch
 from django.tasks.signals import task_enqueued, task_finished, task_started
 from django.test import override_settings
+from django.test.utils import CaptureQueriesContext
 from django.utils import timezone
 
 from django_outbox import PayloadTooLargeError, outbox
@@ -280,11 +281,22 @@ def test_a_task_sees_itself_running():
     }
 
 
-def test_a_task_returning_none_is_successful_with_none():
+def test_a_task_returning_none_is_successful_with_none_for_one_write():
     result = t.noop.enqueue()
-    run_all()
+    with CaptureQueriesContext(connection) as queries:
+        run_all()
     done = t.noop.get_result(result.id)
     assert (done.status, done.return_value) == (TaskResultStatus.SUCCESSFUL, None)
+    assert len(payload_writes(queries)) == 1  # the attempt under way; nothing to add at the end
+    valued = t.add.enqueue(1, 2)
+    with CaptureQueriesContext(connection) as queries:
+        run_all()
+    assert t.add.get_result(valued.id).return_value == 3
+    assert len(payload_writes(queries)) == 2
+
+
+def payload_writes(queries: CaptureQueriesContext) -> list[str]:
+    return [q["sql"] for q in queries.captured_queries if q["sql"].startswith("UPDATE") and 'SET "payload"' in q["sql"]]
 
 
 def test_an_async_task_is_awaited():
