@@ -520,3 +520,20 @@ def test_with_eager_tasks_run_at_commit(settings):
         result = t.add.enqueue(5, 6)
         assert t.add.get_result(result.id).status == TaskResultStatus.READY  # not before the commit
     assert t.add.get_result(result.id).return_value == 11
+
+
+def test_a_cancelled_task_is_failed_and_a_retried_dead_one_ready_again():
+    from django_outbox import store
+
+    cancelled = t.add.enqueue(1, 2)
+    store.cancel("default", [Message.objects.get(uuid=cancelled.id).pk], reason="not needed")
+    result = t.add.get_result(cancelled.id)
+    assert (result.status, result.errors, result.worker_ids) == (TaskResultStatus.FAILED, [], [])
+    run_all()
+    assert t.add.get_result(cancelled.id).status == TaskResultStatus.FAILED  # never run
+    dead = t.failing.enqueue()
+    run_all()
+    assert t.failing.get_result(dead.id).status == TaskResultStatus.FAILED
+    store.retry("default", [Message.objects.get(uuid=dead.id).pk], reset_attempts=True)
+    again = t.failing.get_result(dead.id)
+    assert (again.status, len(again.errors)) == (TaskResultStatus.READY, 1)  # the earlier error is kept
