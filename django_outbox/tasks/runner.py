@@ -33,8 +33,12 @@ logger = logging.getLogger("django_outbox.tasks")
 
 
 def register_handler() -> None:
-    """Serve ``tasks.*`` with :func:`run_task`; registering it again is a no-op."""
-    registry.register(p.TOPIC_PATTERN, run_task)
+    """Serve ``tasks.*`` with :func:`run_task`; registering it again is a no-op.
+
+    Django builds a backend per thread: registering again would clear the routing caches each time.
+    """
+    if registry.find(p.TOPIC_PATTERN) is not run_task:
+        registry.register(p.TOPIC_PATTERN, run_task)
 
 
 def run_task(message: Message) -> None:

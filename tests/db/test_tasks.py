@@ -537,3 +537,12 @@ def test_a_cancelled_task_is_failed_and_a_retried_dead_one_ready_again():
     store.retry("default", [Message.objects.get(uuid=dead.id).pk], reset_attempts=True)
     again = t.failing.get_result(dead.id)
     assert (again.status, len(again.errors)) == (TaskResultStatus.READY, 1)  # the earlier error is kept
+
+
+def test_building_a_backend_again_keeps_the_routing_caches(monkeypatch):
+    from django_outbox import routing
+
+    cleared: list[bool] = []
+    monkeypatch.setattr(routing, "_clear_caches", lambda: cleared.append(True))
+    OutboxBackend("another", {})
+    assert cleared == []  # the handler was registered once, at startup
