@@ -20,4 +20,23 @@ class OutboxConfig(AppConfig):
             from .mail import admin as mail_admin  # noqa: F401
             from .retention import admin as retention_admin  # noqa: F401
 
+        if uses_outbox_tasks():
+            from .tasks.runner import register_handler
+
+            register_handler()  # a worker serves tasks.* before any code asks Django for the backend
+
         autodiscover_modules("outbox")
+
+
+def uses_outbox_tasks() -> bool:
+    """Whether ``TASKS`` names ``django_outbox.tasks.OutboxBackend`` (Django 6.0+ only: 5.2 has no tasks)."""
+    import django
+    from django.conf import settings
+
+    if django.VERSION < (6, 0):
+        return False
+    backends = getattr(settings, "TASKS", None) or {}
+    return isinstance(backends, dict) and any(
+        isinstance(params, dict) and str(params.get("BACKEND", "")).startswith("django_outbox.tasks.")
+        for params in backends.values()
+    )

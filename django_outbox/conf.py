@@ -24,6 +24,8 @@ from .options import Problem, Rule, declared, option, shown, validate
 
 #: The implicit transport that calls ``@outbox.handler`` functions in the worker process.
 HANDLER_TRANSPORT = "handler"
+#: Topics of Django tasks (``django_outbox.tasks``): queue ``q`` is topic ``tasks.q``.
+TASKS_TOPIC_PREFIX = "tasks."
 HANDLER_BACKEND = "django_outbox.transports.handler.HandlerTransport"
 #: Emails written by ``django_outbox.mail.EmailBackend`` use this topic, always served by the built-in
 #: email transport (see routing.resolve_transport), so no ROUTES entry is needed for them.

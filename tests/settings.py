@@ -54,3 +54,17 @@ if os.environ.get("LISTEN_DATABASE_URL"):
 if os.environ.get("TEST_USE_TZ", "1") == "0":
     USE_TZ = False
     TIME_ZONE = "America/New_York"
+
+# Django 6.x: the task backend under test (tests/db/test_tasks.py), a queue of its own for the emails, and
+# a second alias that retries. Django 5.2 has no django.tasks and ignores the setting.
+import django  # noqa: E402
+
+if django.VERSION >= (6, 0):
+    TASKS = {
+        "default": {"BACKEND": "django_outbox.tasks.OutboxBackend", "QUEUES": ["default", "emails"]},
+        "retrying": {
+            "BACKEND": "django_outbox.tasks.OutboxBackend",
+            "QUEUES": ["default"],
+            "OPTIONS": {"MAX_ATTEMPTS": 3},
+        },
+    }

@@ -17,7 +17,8 @@ from django.contrib.admin import helpers
 from django.contrib.admin.models import CHANGE, LogEntry
 from django.contrib.contenttypes.models import ContentType
 from django.core.exceptions import PermissionDenied
-from django.db.models import Case, F, QuerySet, When
+from django.db.models import Case, CharField, F, QuerySet, Value, When
+from django.db.models.fields.json import KeyTextTransform
 from django.http import HttpRequest, HttpResponse, HttpResponseRedirect
 from django.template.response import TemplateResponse
 from django.urls import URLPattern, path, reverse
@@ -28,6 +29,7 @@ from django.utils.translation import gettext, ngettext
 from django.utils.translation import gettext_lazy as _
 
 from .. import store
+from ..conf import TASKS_TOPIC_PREFIX
 from ..models import Message
 from . import overview
 from .charts import throughput_svg
@@ -187,6 +189,14 @@ class MessageAdmin(ContentProtectedAdmin, admin.ModelAdmin):  # type: ignore[typ
         match = request.resolver_match
         if match is not None and match.url_name == "django_outbox_message_changelist":
             queryset = queryset.defer("payload", "headers")  # payloads may be large; the list never shows them
+            # ... but a task's function path, which names what a tasks.* message runs (django_outbox.tasks)
+            queryset = queryset.annotate(
+                task_path=Case(
+                    When(topic__startswith=TASKS_TOPIC_PREFIX, then=KeyTextTransform("task", "payload")),
+                    default=Value(""),
+                    output_field=CharField(),
+                )
+            )
         return queryset
 
     def get_search_results(
@@ -230,7 +240,8 @@ class MessageAdmin(ContentProtectedAdmin, admin.ModelAdmin):  # type: ignore[typ
     def topic_and_key(self, obj: Message) -> SafeString:
         """The list's topic cell, with the message's key under it: the two name where the message goes
         and in which line it waits, and one column leaves the list room at 1280 px beside the sidebar."""
-        return format_html('{}<span class="outbox-sub">{}</span>', obj.topic, obj.key or "")
+        task_path = getattr(obj, "task_path", None) or ""
+        return format_html('{}<span class="outbox-sub">{}</span>', obj.topic, obj.key or task_path)
 
     @admin.display(description=_("status"), ordering="status")
     def status_and_attempts(self, obj: Message) -> SafeString:

@@ -13,6 +13,7 @@ import os
 import subprocess
 import sys
 
+import django
 import pytest
 
 from tests.support import ROOT
@@ -77,6 +78,8 @@ PUBLIC_NAMES: dict[str, list[str]] = {
     "django_outbox.transports.nats": ["NATSTransport"],
     "django_outbox.mail.transport": ["EmailTransport"],
 }
+if django.VERSION >= (6, 0):  # django.tasks is new in Django 6.0 (tests/unit/test_tasks_versions.py for 5.2)
+    PUBLIC_NAMES["django_outbox.tasks"] = ["OutboxBackend"]
 
 
 @pytest.mark.parametrize("module_name", sorted(PUBLIC_NAMES))

@@ -356,3 +356,15 @@ def test_overview_page_shows_counts_lag_chart_dead_topics_and_workers(admin_clie
     assert "outbox-alive" in alive and "outbox-gone" in gone
     lag = html[html.index('id="outbox-lag"') :]
     assert re.search(r"(8|9)\d\.\d s", lag[:300])
+
+
+def test_changelist_names_the_function_of_a_task_message(admin_client):
+    """A django.tasks message (topic tasks.<queue>) shows its function's path under the topic; another
+    message's payload stays unread, even with a "task" key."""
+    MessageFactory(topic="tasks.emails", payload={"task": "shop.tasks.send_welcome", "args": [], "kwargs": {}})
+    MessageFactory(topic="orders.created", payload={"task": "not.a.task.path"})
+    MessageFactory(topic="tasks.default", key="customer-7", payload={"task": "shop.tasks.keyed"})
+    html = admin_client.get(CHANGELIST).content.decode()
+    assert '<span class="outbox-sub">shop.tasks.send_welcome</span>' in html
+    assert "not.a.task.path" not in html
+    assert '<span class="outbox-sub">customer-7</span>' in html  # a key, where set, keeps its place

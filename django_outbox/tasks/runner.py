@@ -1,0 +1,162 @@
+"""The handler of ``tasks.*`` topics: runs one task in the worker and keeps its outcome in the payload.
+
+It runs like any handler, with no transaction open, so the two writes it makes (the attempt under way,
+then the return value or the error) are each committed at once, and only while this worker still holds
+the message's lease (the same fence the worker's own record uses): a worker whose lease was taken over
+cannot overwrite the outcome of the one that took it. Returning is delivered (SUCCESSFUL); raising is a
+failed attempt, retried with the outbox's backoff until ``OPTIONS["MAX_ATTEMPTS"]`` is used up (FAILED).
+"""
+
+from __future__ import annotations
+
+import logging
+import traceback
+from collections.abc import Mapping
+from typing import TYPE_CHECKING, Any
+
+from django.db import DEFAULT_DB_ALIAS
+from django.tasks.base import TaskContext, TaskResult, TaskResultStatus
+from django.tasks.signals import task_finished, task_started
+from django.utils import timezone
+
+from ..conf import get_settings
+from ..exceptions import PermanentDeliveryError, TransientDeliveryError
+from ..models import Attempt, Message
+from ..routing import registry
+from . import payload as p
+from .results import AttemptRow, build, is_task_payload, load_task
+
+if TYPE_CHECKING:
+    from django.db.models import QuerySet
+
+logger = logging.getLogger("django_outbox.tasks")
+
+
+def register_handler() -> None:
+    """Serve ``tasks.*`` with :func:`run_task`; registering it again is a no-op.
+
+    Django builds a backend per thread: registering again would clear the routing caches each time.
+    """
+    if registry.find(p.TOPIC_PATTERN) is not run_task:
+        registry.register(p.TOPIC_PATTERN, run_task)
+
+
+def run_task(message: Message) -> None:
+    data = message.payload
+    if not is_task_payload(data):
+        raise PermanentDeliveryError(
+            f"message {message.uuid} on {message.topic!r} is not a task (tasks.* topics are reserved for "
+            "django_outbox.tasks.OutboxBackend; send other messages on other topics)"
+        )
+    data = dict(data)
+    started = timezone.now()
+    fence = _fence(message)
+    data[p.RUNNING] = {"attempt": message.attempts, "started_at": started.isoformat(), "worker": message.locked_by}
+    if not fence.update(payload=data):
+        raise TransientDeliveryError(
+            f"task message {message.uuid} is no longer held by this worker (its lease was taken over); not run"
+        )
+    final = message.attempts >= message.max_attempts
+    result: TaskResult[Any, Any] | None = None
+    try:
+        task = load_task(data)
+        result = build(
+            message_uuid=str(message.uuid),
+            status="processing",
+            created_at=message.created_at,
+            attempts_used=message.attempts,
+            locked_by=message.locked_by,
+            delivered_at=None,
+            data=data,
+            attempts=_previous_attempts(message),
+            task=task,
+        )
+        task_started.send_robust(_sender(), task_result=result)
+        args, kwargs = data[p.ARGS], data[p.KWARGS]
+        if task.takes_context:
+            raw = task.call(TaskContext(task_result=result), *args, **kwargs)
+        else:
+            raw = task.call(*args, **kwargs)
+        value = p.faithful(f"The return value of task {task.module_path}", raw)
+        _check_size(value)
+    except Exception as exc:
+        data.pop(p.RUNNING, None)
+        data[p.ERRORS] = [*(data.get(p.ERRORS) or []), _error(exc)]
+        fence.update(payload=data)
+        if result is not None and final:
+            _finish(result, TaskResultStatus.FAILED, data)  # inside the except: the log receiver shows exc_info
+        raise
+    if value is not None:
+        # None is what a result without a return value reads as: a task returning it (most do) costs
+        # one write, the one above; the stale running entry is ignored once the message is delivered.
+        data.pop(p.RUNNING, None)
+        data[p.RETURN_VALUE] = value
+        fence.update(payload=data)
+    _finish(result, TaskResultStatus.SUCCESSFUL, data, value=value)
+
+
+def _fence(message: Message) -> QuerySet[Message]:
+    return Message.objects.using(message._state.db or DEFAULT_DB_ALIAS).filter(
+        pk=message.pk, status=Message.Status.PROCESSING, locked_by=message.locked_by, attempts=message.attempts
+    )
+
+
+def _previous_attempts(message: Message) -> list[AttemptRow]:
+    if message.attempts <= 1:
+        return []  # the first attempt: no row yet, no query
+    rows = (
+        Attempt.objects.using(message._state.db or DEFAULT_DB_ALIAS)
+        .filter(message_id=message.pk, number__lt=message.attempts)
+        .values_list("number", "started_at", "finished_at", "worker")
+    )
+    return [AttemptRow(number=n, started_at=s, finished_at=f, worker=w) for n, s, f, w in rows]
+
+
+def _error(exc: BaseException) -> dict[str, str]:
+    kind = type(exc)
+    try:
+        text = "".join(traceback.format_exception(exc))
+    except Exception:  # an exception whose formatting raises must still be recorded
+        text = f"{kind.__qualname__} (the traceback could not be formatted)"
+    return {"exception_class_path": f"{kind.__module__}.{kind.__qualname__}", "traceback": p.bounded_traceback(text)}
+
+
+def _check_size(value: Any) -> None:
+    import json
+
+    size = len(json.dumps(value).encode())
+    limit = get_settings().MAX_PAYLOAD_BYTES
+    if size > limit:
+        raise ValueError(
+            f"the task's return value is {size} bytes as JSON, more than OUTBOX['MAX_PAYLOAD_BYTES'] ({limit}); "
+            "store large results elsewhere (a file, a model) and return a reference to them"
+        )
+
+
+def _finish(
+    result: TaskResult[Any, Any], status: TaskResultStatus, data: Mapping[str, Any], *, value: Any = None
+) -> None:
+    object.__setattr__(result, "status", status)
+    object.__setattr__(result, "finished_at", timezone.now())
+    object.__setattr__(result, "_return_value", value)
+    errors = build(
+        message_uuid=result.id,
+        status="dead",
+        created_at=result.enqueued_at or timezone.now(),
+        attempts_used=0,
+        locked_by=None,
+        delivered_at=None,
+        data=data,
+        attempts=[],
+        task=result.task,
+    ).errors
+    object.__setattr__(result, "errors", errors)
+    for receiver, response in task_finished.send_robust(_sender(), task_result=result):
+        if isinstance(response, Exception):
+            logger.error("task_finished receiver %r raised: %r", receiver, response)
+
+
+def _sender() -> type:
+    from .backend import OutboxBackend  # the backend imports this module to register the handler
+
+    return OutboxBackend
