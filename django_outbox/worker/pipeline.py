@@ -30,6 +30,7 @@ from ..transports.registry import TransportSet
 from .backoff import retry_delay
 from .config import RelayConfig
 from .errors import describe_error
+from .observer import Observer, Observers
 from .outages import database_down
 from .stats import Stats
 from .timeouts import BoundedCaller
@@ -59,9 +60,12 @@ class Pipeline:
         *,
         halt: threading.Event | None = None,
         stopping: threading.Event | None = None,
+        observer: Observer | None = None,
     ) -> None:
         self.config = config
         self.stats = stats
+        #: Metrics and traces (``worker.observer``); the base class's no-ops when nothing observes.
+        self.observer = observer or Observers()
         self.halt = halt or threading.Event()
         self.stopping = stopping or threading.Event()
         self.wakes_others = False
@@ -72,6 +76,7 @@ class Pipeline:
     def process(self, batch: Sequence[Message], transports: TransportSet) -> None:
         with self.stats.lock:
             self.stats.in_flight += len(batch)
+        self.observer.batch_started(batch)
         outcomes: list[store.Outcome] = []
         unstarted: list[int] = []
         try:
@@ -90,6 +95,7 @@ class Pipeline:
                 self._release(unstarted)
             with self.stats.lock:
                 self.stats.in_flight -= len(batch)
+            self.observer.batch_done(batch, recorded, lost)
         if self._hands_off_keys(batch, recorded, lost):
             try:
                 store.notify_now(self.config.database)
@@ -141,6 +147,7 @@ class Pipeline:
                         return [None]
                     return checked_results(transport, group, transport.deliver_batch(group))
 
+            call = self.observer.wrap_delivery(group, route, call)
             caller = self._caller()
             if caller is None:
                 results = call()
