@@ -54,3 +54,18 @@ if os.environ.get("LISTEN_DATABASE_URL"):
 if os.environ.get("TEST_USE_TZ", "1") == "0":
     USE_TZ = False
     TIME_ZONE = "America/New_York"
+
+# Tracing tests: a worker process exports its spans to this file, one JSON line each (tests/support/tracing.py).
+if os.environ.get("OUTBOX_TEST_SPANS"):
+    from tests.support.tracing import export_spans_to
+
+    export_spans_to(os.environ["OUTBOX_TEST_SPANS"])
+
+# Transports and routes a test adds for its worker processes (JSON {"TRANSPORTS": ..., "ROUTES": ...}),
+# matched before the demo's.
+if os.environ.get("OUTBOX_TEST_EXTRA_ROUTES"):
+    import json as _json
+
+    _routes = _json.loads(os.environ["OUTBOX_TEST_EXTRA_ROUTES"])
+    OUTBOX["TRANSPORTS"] = {**OUTBOX["TRANSPORTS"], **_routes.get("TRANSPORTS", {})}
+    OUTBOX["ROUTES"] = {**_routes.get("ROUTES", {}), **OUTBOX["ROUTES"]}
