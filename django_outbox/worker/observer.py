@@ -22,6 +22,21 @@ logger = logging.getLogger("django_outbox.relay")
 Delivery = Callable[[], Sequence[BaseException | None]]
 
 
+def log_fields(message: Message, attempt: int, worker: str) -> dict[str, object]:
+    """The ``extra`` of every worker log line about one message, so a JSON formatter can index them.
+
+    Prefixed where a bare name would be ambiguous in a shared log (``id``) or clash with a formatter's
+    own fields; documented in docs/operating.md#structured-logs.
+    """
+    return {
+        "message_id": message.id,
+        "message_uuid": str(message.uuid),
+        "topic": message.topic,
+        "attempt": attempt,
+        "worker": worker,
+    }
+
+
 class Observer:
     """The hooks, each a no-op here; override the ones you need."""
 

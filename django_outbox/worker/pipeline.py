@@ -30,7 +30,7 @@ from ..transports.registry import TransportSet
 from .backoff import retry_delay
 from .config import RelayConfig
 from .errors import describe_error
-from .observer import Observer, Observers
+from .observer import Observer, Observers, log_fields
 from .outages import database_down
 from .stats import Stats
 from .timeouts import BoundedCaller
@@ -242,7 +242,16 @@ class Pipeline:
                 else:
                     self.stats.failed += 1
         if lost:
-            logger.warning("lease lost for messages %s before their outcome was recorded", sorted(lost))
+            by_id = {m.id: m for m in batch}
+            for o in outcomes:
+                if o.message_id in lost:
+                    logger.warning(
+                        "lease lost for %s #%d (attempt %d) before its outcome was recorded",
+                        by_id[o.message_id].topic,
+                        o.message_id,
+                        o.number,
+                        extra=log_fields(by_id[o.message_id], o.number, self.config.worker_id),
+                    )
         return outcomes, lost
 
     def _store(self, outcomes: Sequence[store.Outcome]) -> set[int]:
@@ -291,6 +300,7 @@ class Pipeline:
                     "could not record even a failed attempt for message #%d; its lease will expire and the "
                     "reaper will requeue it",
                     outcome.message_id,
+                    extra=log_fields(by_id[outcome.message_id], outcome.number, self.config.worker_id),
                 )
                 lost.add(outcome.message_id)
                 stored.append(outcome)
@@ -338,13 +348,20 @@ class Pipeline:
         # Asked once per batch: per message, these two questions cost more than the rest of this loop.
         debug = logger.isEnabledFor(logging.DEBUG)
         delivered_listeners = signals.message_delivered.has_listeners(Message)
+        worker = self.config.worker_id
         for o in outcomes:
             message = by_id[o.message_id]
             if o.message_id in lost:
                 continue
             if o.status == store.DELIVERED:
                 if debug:
-                    logger.debug("delivered %s #%d (attempt %d)", message.topic, message.id, o.number)
+                    logger.debug(
+                        "delivered %s #%d (attempt %d)",
+                        message.topic,
+                        message.id,
+                        o.number,
+                        extra=log_fields(message, o.number, worker),
+                    )
                 if delivered_listeners:
                     signals.message_delivered.send_robust(Message, message=message, attempt=o.number)
             elif o.status == store.DEAD:
@@ -354,6 +371,7 @@ class Pipeline:
                     message.id,
                     o.number,
                     o.error.splitlines()[-1] if o.error else "",
+                    extra=log_fields(message, o.number, worker),
                 )
                 signals.message_dead.send_robust(Message, message=message, attempt=o.number, error=o.error)
             else:
@@ -364,6 +382,7 @@ class Pipeline:
                     message.id,
                     o.retry_at,
                     o.error.splitlines()[-1] if o.error else "",
+                    extra=log_fields(message, o.number, worker),
                 )
                 signals.message_failed.send_robust(
                     Message, message=message, attempt=o.number, error=o.error, retry_at=o.retry_at
