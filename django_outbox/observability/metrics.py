@@ -203,7 +203,10 @@ class Backlog(Collector):
 class MetricsServer:
     """The worker's ``/metrics``: its own counters (or, in multiprocess mode, every process's) and the backlog."""
 
-    def __init__(self, database: str, *, addr: str, port: int, sample_interval: float = BACKLOG_SAMPLE_SECONDS) -> None:
+    def __init__(
+        self, database: str, *, addr: str, port: int | None, sample_interval: float = BACKLOG_SAMPLE_SECONDS
+    ) -> None:
+        """``port`` None: count only (multiprocess mode, for the worker that serves); ``start()`` binds nothing."""
         self.addr, self.requested_port = addr, port
         counted = CollectorRegistry()
         self.observer = WorkerMetrics(counted)
@@ -221,12 +224,14 @@ class MetricsServer:
         self._sampler: threading.Thread | None = None
 
     @property
-    def port(self) -> int:
+    def port(self) -> int | None:
         """The bound port (the requested one, or the one the system chose for port 0)."""
         return self._server.server_port if self._server is not None else self.requested_port
 
     def start(self) -> None:
         """Bind and serve; ``OSError`` (port taken, address not on this host) is the caller's to report."""
+        if self.requested_port is None:
+            return
         self._server, _ = start_http_server(self.requested_port, self.addr, registry=self.registry)
         self._sampler = threading.Thread(
             target=self.backlog.sample_forever, args=(self._done,), name="outbox-metrics-sampler", daemon=True

@@ -12,6 +12,7 @@ from prometheus_client.parser import text_string_to_metric_families
 from django_outbox import outbox
 from django_outbox.models import Message
 from django_outbox.routing import resolve_transport
+from tests.probe.models import Delivery
 from tests.support.processes import WorkerProcess
 from tests.support.waiting import wait_for
 
@@ -133,3 +134,27 @@ def test_bad_metrics_options_are_refused(worker_process, args, error):
     assert code != 0
     assert error in output
     assert "Traceback" not in output
+
+
+def test_multiprocess_mode_serves_every_workers_counts_from_one_port(worker_process, tmp_path):
+    """prometheus-client's documented multiprocess mode: one worker serves, every worker counts."""
+    env = {"PROMETHEUS_MULTIPROC_DIR": str(tmp_path)}
+    transport = resolve_transport("probe.ok")
+    serving = worker_process("--metrics-port", "0", "--poll-interval", "0.2", "--topics", "probe.ok", env=env)
+    url = metrics_url(serving)
+    other = worker_process("--poll-interval", "0.2", "--topics", "probe.other", env=env)
+    for n in range(10):
+        outbox.send("probe.ok", {"n": n})
+    for n in range(15):
+        outbox.send("probe.other", {"n": n})
+    wait_for(lambda: Message.objects.filter(status="delivered").count() == 25, timeout=60)
+    assert set(Delivery.objects.filter(topic="probe.other").values_list("pid", flat=True)) == {other.pid}
+
+    def counted() -> bool:
+        samples = scrape(url)
+        return (
+            value(samples, "outbox_messages_delivered_total", topic="probe.ok", transport=transport) == 10
+            and value(samples, "outbox_messages_delivered_total", topic="probe.other", transport=transport) == 15
+        )
+
+    wait_for(counted, timeout=30)

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 import logging
+import os
 import signal
 import sys
 from collections.abc import Callable
@@ -123,7 +124,7 @@ class Command(BaseCommand):
         relay = Relay(config, observers=observers)
         previous = self._install_signal_handlers(relay)
         try:
-            if metrics is not None:
+            if metrics is not None and metrics.requested_port is not None:
                 self._serve_metrics(metrics, options["verbosity"])
             self._run(relay, config, options["verbosity"])
         finally:
@@ -145,17 +146,22 @@ class Command(BaseCommand):
 
     @staticmethod
     def _metrics_server(config: RelayConfig, options: dict[str, Any]) -> Any:
-        if options["metrics_port"] is None:
-            if options["metrics_addr"] is not None:
-                raise CommandError("--metrics-addr needs --metrics-port")
+        """The metrics: served with ``--metrics-port``; counted without it in prometheus-client's
+        multiprocess mode, where the worker that serves reads every worker's counts."""
+        port = options["metrics_port"]
+        if port is None and options["metrics_addr"] is not None:
+            raise CommandError("--metrics-addr needs --metrics-port")
+        if port is None and not os.environ.get("PROMETHEUS_MULTIPROC_DIR"):
             return None
         try:
             from django_outbox.observability.metrics import MetricsServer
         except ImportError as exc:
+            if port is None:
+                return None  # multiprocess mode asked for by the environment, but nothing to count with
             raise CommandError(
                 f"--metrics-port needs prometheus-client ({exc}): pip install 'django-transactional-outbox[prometheus]'"
             ) from exc
-        return MetricsServer(config.database, addr=options["metrics_addr"] or "127.0.0.1", port=options["metrics_port"])
+        return MetricsServer(config.database, addr=options["metrics_addr"] or "127.0.0.1", port=port)
 
     def _serve_metrics(self, metrics: Any, verbosity: int) -> None:
         try:
