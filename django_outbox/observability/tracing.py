@@ -15,7 +15,9 @@ sends them: configure the SDK in the worker's settings (docs/operating.md#tracin
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+import contextlib
+import logging
+from collections.abc import Callable, Sequence
 from typing import TYPE_CHECKING, Any
 
 from opentelemetry import trace
@@ -27,6 +29,8 @@ from .propagation import TRACEPARENT, TRACESTATE
 
 if TYPE_CHECKING:
     from ..store.models import Message
+
+logger = logging.getLogger("django_outbox.relay")
 
 SYSTEM = "django_outbox"
 _propagator = TraceContextTextMapPropagator()
@@ -65,37 +69,60 @@ class DeliveryTracer(Observer):
         name = f"process {topic}" if topic is not None else "process"
 
         def traced() -> Sequence[BaseException | None]:
-            with self.tracer.start_as_current_span(
-                name,
-                context=parent,
-                kind=SpanKind.CONSUMER,
-                attributes=attributes,
-                links=links,
-                record_exception=False,
-                set_status_on_exception=False,
-            ) as span:
-                carrier: dict[str, str] = {}
-                _propagator.inject(carrier)
-                stored = [m.headers for m in group]
-                for m in group:  # what the transports pass on: the delivery span as the receiver's parent
-                    own = {
-                        k: v for k, v in (m.headers or {}).items() if str(k).lower() not in (TRACEPARENT, TRACESTATE)
-                    }
-                    m.headers = {**own, **carrier}
+            # The tracing's own failures must not become the attempt's: without a span, the call runs bare.
+            with contextlib.ExitStack() as stack:
+                try:
+                    span = stack.enter_context(
+                        self.tracer.start_as_current_span(
+                            name,
+                            context=parent,
+                            kind=SpanKind.CONSUMER,
+                            attributes=attributes,
+                            links=links,
+                            record_exception=False,
+                            set_status_on_exception=False,
+                        )
+                    )
+                    stack.callback(_swap_headers(group))
+                except Exception:
+                    logger.exception("could not start the delivery span; delivering without it")
+                    stack.close()
+                    return call()
                 try:
                     results = call()
                 except BaseException as exc:
                     _failed(span, exc)
                     raise
-                finally:
-                    for m, headers in zip(group, stored, strict=True):
-                        m.headers = headers
                 failure = next((r for r in results if r is not None), None)
                 if failure is not None:
                     _failed(span, failure)
                 return results
 
         return traced
+
+
+def _swap_headers(group: Sequence[Message]) -> Callable[[], None]:
+    """Give the messages the current (delivery) span's trace headers; returns what puts theirs back.
+
+    Headers that are not a dict (a row edited by hand) are left alone: nothing to add the context to.
+    """
+    carrier: dict[str, str] = {}
+    _propagator.inject(carrier)
+    stored = [m.headers for m in group]
+
+    def restore() -> None:
+        for m, headers in zip(group, stored, strict=True):
+            m.headers = headers
+
+    try:
+        for m in group:
+            if isinstance(m.headers, dict) or m.headers is None:
+                own = {k: v for k, v in (m.headers or {}).items() if str(k).lower() not in (TRACEPARENT, TRACESTATE)}
+                m.headers = {**own, **carrier}
+    except Exception:
+        restore()
+        raise
+    return restore
 
 
 def _failed(span: trace.Span, exc: BaseException) -> None:
