@@ -4,7 +4,9 @@
     DATABASE_URL=postgres://... for PostgreSQL)
 
 Each variant runs in a process of its own (same layout), ``--sends`` calls of ``outbox.send()`` in one
-transaction that is rolled back, ``--rounds`` times, variants interleaved; the medians are compared:
+transaction that is rolled back, ``--rounds`` times, variants interleaved. The fastest round of each
+is compared (as ``timeit`` does, and bench/claim_cost.py: on a shared machine the median and the tail
+measure the neighbours as much as the code); the medians are printed beside them:
 
 - ``reference``: ``django_outbox.api`` loaded from its source with the two lines of the hook removed
   (``if trace_headers is not None: ...``): the code as it was before tracing;
@@ -13,7 +15,8 @@ transaction that is rolled back, ``--rounds`` times, variants interleaved; the m
 - ``no-span``: opentelemetry-api installed, no span active (a worker or a command outside any trace);
 - ``in-span``: the SDK installed and a span active: the header is written.
 
-Fails (exit 1) when ``without`` is more than ``--tolerance`` (default 3%) slower than ``reference``.
+Fails (exit 1) when ``without``'s fastest round is more than ``--tolerance`` (default 3%) slower than
+``reference``'s.
 """
 
 from __future__ import annotations
@@ -125,11 +128,15 @@ def main() -> int:
                     return 1
                 results[variant].append(row["per_send_us"])
     medians = {v: statistics.median(r) for v, r in results.items()}
+    fastest = {v: min(r) for v, r in results.items()}
     for variant in VARIANTS:
         runs = " ".join(f"{r:.1f}" for r in results[variant])
-        ratio = medians[variant] / medians["reference"]
-        print(f"{variant:<10} median {medians[variant]:7.1f} us/send  x{ratio:.3f} of reference  ({runs})")
-    ratio = medians["without"] / medians["reference"]
+        ratio = fastest[variant] / fastest["reference"]
+        print(
+            f"{variant:<10} fastest {fastest[variant]:7.1f} us/send  x{ratio:.3f} of reference"
+            f"  (median {medians[variant]:.1f}; rounds {runs})"
+        )
+    ratio = fastest["without"] / fastest["reference"]
     if ratio > 1 + args.tolerance:
         print(f"send() without opentelemetry is {ratio:.3f}x the reference, over 1+{args.tolerance}", file=sys.stderr)
         return 1
