@@ -18,6 +18,7 @@ from django.utils import timezone
 from .conf import get_settings
 from .exceptions import IdempotencyConflictError, PayloadTooLargeError
 from .limits import IDEMPOTENCY_KEY_MAX_LENGTH, KEY_MAX_LENGTH, PAYLOAD_MAX_DEPTH, TOPIC_MAX_LENGTH
+from .observability.propagation import trace_headers
 from .routing import Handler, registry, sending_transport
 
 if TYPE_CHECKING:
@@ -288,6 +289,8 @@ class Outbox:
         topic = _check_name("topic", topic, TOPIC_MAX_LENGTH, optional=False)  # type: ignore[assignment]
         key = _check_name("key", key, KEY_MAX_LENGTH, optional=True)
         idempotency_key = _check_name("idempotency_key", idempotency_key, IDEMPOTENCY_KEY_MAX_LENGTH, optional=True)
+        if trace_headers is not None:  # opentelemetry-api installed
+            headers = trace_headers(headers)
         headers_json = _check_headers(headers)
         if max_attempts is None:
             max_attempts = conf.MAX_ATTEMPTS

@@ -82,6 +82,14 @@ BAD_RETENTION_MODE = "django_outbox.E072"
 BAD_ARCHIVE_AFTER = "django_outbox.E073"
 BAD_HOUSEKEEPING_INTERVAL = "django_outbox.E074"
 BAD_HANDLER_TIMEOUT = "django_outbox.E090"
+#: ``METRICS_TOPIC_LABELS`` is neither None nor a list of topic patterns (observability).
+BAD_METRICS_TOPIC_LABELS = "django_outbox.E100"
+#: A health threshold is not a finite number of seconds above 0 and at most a day.
+BAD_HEALTH_THRESHOLD = "django_outbox.E101"
+#: ``HEALTH_TOKEN`` is not a string, or is too short to resist guessing.
+BAD_HEALTH_TOKEN = "django_outbox.E102"
+#: The shortest bearer token the health and metrics views accept: 128 bits of hex.
+HEALTH_TOKEN_MIN_LENGTH = 32
 #: ``outbox_worker`` started with ``OUTBOX["EAGER"]`` on: settings meant for tests (management/commands).
 EAGER_WORKER = "django_outbox.W003"
 
@@ -111,6 +119,17 @@ def _base_url_refused(url: str) -> str | None:
     if not url or _is_base_url(url):
         return None
     return f"must be '' or an http(s) scheme and host, not {shown(url)}."
+
+
+def _health_token_refused(token: object) -> str | None:
+    if token == "" or (
+        isinstance(token, str) and len(token) >= HEALTH_TOKEN_MIN_LENGTH and token.isprintable() and " " not in token
+    ):
+        return None
+    return (
+        f"must be '' or a string of at least {HEALTH_TOKEN_MIN_LENGTH} printable characters without spaces"
+        " (the value is not shown: it is a secret)."
+    )
 
 
 @dataclass(frozen=True, kw_only=True, slots=True)
@@ -264,6 +283,38 @@ class OutboxSettings:
         nonempty_items=True,
         expected="a list of non-empty topic patterns",
         hint='Example: ["payments.*", "users.password_changed"]. Remove the key to protect emails only.',
+    )
+    #: The ``topic`` label values of the worker's metrics: each pattern is one value, any other topic
+    #: counts as "other"; None (the default): every topic is its own value (few topics only).
+    METRICS_TOPIC_LABELS: tuple[str, ...] | None = option(
+        None,
+        kind=(list, tuple, type(None)),
+        items=str,
+        nonempty_items=True,
+        id=BAD_METRICS_TOPIC_LABELS,
+        expected="None or a list of non-empty topic patterns",
+        hint='Example: ["orders.*", "emails.*"]; other topics are counted as "other".',
+    )
+    #: The health view answers "lagging" (503) past this lag, "stalled" past HEALTH_STALLED_SECONDS.
+    HEALTH_LAG_SECONDS: float = option(
+        60.0, kind=float, minimum=0, above=True, maximum=MAX_WAIT_SECONDS, id=BAD_HEALTH_THRESHOLD
+    )
+    HEALTH_STALLED_SECONDS: float = option(
+        600.0, kind=float, minimum=0, above=True, maximum=MAX_WAIT_SECONDS, id=BAD_HEALTH_THRESHOLD
+    )
+    #: A bearer token that opens the health and metrics views to probes and scrapers; "" (the
+    #: default): staff sessions only.
+    HEALTH_TOKEN: str = option(
+        "",
+        kind=object,  # any type reaches the rule, whose message never shows the value: it is a secret
+        id=BAD_HEALTH_TOKEN,
+        rules=(
+            Rule(
+                BAD_HEALTH_TOKEN,
+                _health_token_refused,
+                "Make one with: python -c 'import secrets; print(secrets.token_hex(32))'",
+            ),
+        ),
     )
 
 

@@ -68,3 +68,18 @@ if django.VERSION >= (6, 0):
             "OPTIONS": {"MAX_ATTEMPTS": 3},
         },
     }
+
+# Tracing tests: a worker process exports its spans to this file, one JSON line each (tests/support/tracing.py).
+if os.environ.get("OUTBOX_TEST_SPANS"):
+    from tests.support.tracing import export_spans_to
+
+    export_spans_to(os.environ["OUTBOX_TEST_SPANS"])
+
+# Transports and routes a test adds for its worker processes (JSON {"TRANSPORTS": ..., "ROUTES": ...}),
+# matched before the demo's.
+if os.environ.get("OUTBOX_TEST_EXTRA_ROUTES"):
+    import json as _json
+
+    _routes = _json.loads(os.environ["OUTBOX_TEST_EXTRA_ROUTES"])
+    OUTBOX["TRANSPORTS"] = {**OUTBOX["TRANSPORTS"], **_routes.get("TRANSPORTS", {})}
+    OUTBOX["ROUTES"] = {**_routes.get("ROUTES", {}), **OUTBOX["ROUTES"]}

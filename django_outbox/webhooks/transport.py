@@ -56,6 +56,8 @@ DRAIN_MAX_BYTES = 64 * 1024
 WRITE_SLICE_BYTES = 16 * 1024
 RETRYABLE_STATUSES = frozenset({408, 429})
 USER_AGENT = "django-transactional-outbox webhook"
+#: W3C trace context headers passed on to the receiver (docs/operating.md#tracing).
+TRACE_HEADERS = ("traceparent", "tracestate")
 
 #: The check ids of the webhook transport's options (docs/checks.md).
 NO_TARGET = "django_outbox.E048"
@@ -415,6 +417,12 @@ class WebhookTransport(BaseTransport):
             "webhook-signature": sign(target.secret, msg_id, timestamp, body),
             "Idempotency-Key": _header_value(message.idempotency_key or msg_id),
         }
+        # The trace context, so the receiver continues the trace: the worker's delivery span while it
+        # delivers (docs/operating.md#tracing), else what send() stored.
+        for name in TRACE_HEADERS:
+            value = (message.headers or {}).get(name)
+            if isinstance(value, str) and value.isascii() and value.isprintable():
+                headers[name] = value
         client = self.client
         # One deadline for connect, request, headers and body together: see _DeadlineStream.
         self._backend.deadline = time.monotonic() + self.timeout

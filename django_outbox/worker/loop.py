@@ -27,6 +27,7 @@ from .config import RelayConfig
 from .doorbell import Doorbell
 from .keeper import Keeper
 from .listener import Listener
+from .observer import Observer, Observers
 from .outages import database_down
 from .pipeline import Pipeline
 from .stats import Counts, Stats
@@ -35,8 +36,9 @@ logger = logging.getLogger("django_outbox.relay")
 
 
 class Relay:
-    def __init__(self, config: RelayConfig) -> None:
+    def __init__(self, config: RelayConfig, *, observers: Sequence[Observer] = ()) -> None:
         self.config = config
+        self.observer = Observers(observers)  # metrics and traces (``worker.observer``)
         self.stats = Stats()
         self._stopping = threading.Event()  # no new claims
         self._halt = threading.Event()  # do not start another delivery of a claimed batch either
@@ -52,7 +54,7 @@ class Relay:
         self.listener: Listener | None = None
         self.crashed = False
         self.started_at = timezone.now()
-        self.pipeline = Pipeline(config, self.stats, halt=self._halt, stopping=self._stopping)
+        self.pipeline = Pipeline(config, self.stats, halt=self._halt, stopping=self._stopping, observer=self.observer)
         self.keeper = Keeper(config, self.stats, done=self._done, ring=self._bell.ring, started_at=self.started_at)
 
     # --- control ---------------------------------------------------------------------------------
@@ -181,6 +183,7 @@ class Relay:
         batch: Sequence[Message] = []
         try:
             try:
+                claim_started = time.perf_counter()
                 batch = store.claim(
                     cfg.database,
                     worker=cfg.worker_id,
@@ -189,6 +192,8 @@ class Relay:
                     topics=cfg.topics,
                     ids=cfg.ids,
                 )
+                if self.observer:
+                    self.observer.claimed(batch, time.perf_counter() - claim_started)
             finally:
                 with self._activity:
                     self._claiming -= 1

@@ -30,6 +30,7 @@ from ..transports.registry import TransportSet
 from .backoff import retry_delay
 from .config import RelayConfig
 from .errors import describe_error
+from .observer import Observer, Observers, log_fields
 from .outages import database_down
 from .stats import Stats
 from .timeouts import BoundedCaller
@@ -59,9 +60,12 @@ class Pipeline:
         *,
         halt: threading.Event | None = None,
         stopping: threading.Event | None = None,
+        observer: Observer | None = None,
     ) -> None:
         self.config = config
         self.stats = stats
+        #: Metrics and traces (``worker.observer``); the base class's no-ops when nothing observes.
+        self.observer = observer or Observers()
         self.halt = halt or threading.Event()
         self.stopping = stopping or threading.Event()
         self.wakes_others = False
@@ -72,6 +76,7 @@ class Pipeline:
     def process(self, batch: Sequence[Message], transports: TransportSet) -> None:
         with self.stats.lock:
             self.stats.in_flight += len(batch)
+        self.observer.batch_started(batch)
         outcomes: list[store.Outcome] = []
         unstarted: list[int] = []
         try:
@@ -90,6 +95,7 @@ class Pipeline:
                 self._release(unstarted)
             with self.stats.lock:
                 self.stats.in_flight -= len(batch)
+            self.observer.batch_done(batch, recorded, lost)
         if self._hands_off_keys(batch, recorded, lost):
             try:
                 store.notify_now(self.config.database)
@@ -141,6 +147,7 @@ class Pipeline:
                         return [None]
                     return checked_results(transport, group, transport.deliver_batch(group))
 
+            call = self.observer.wrap_delivery(group, route, call)
             caller = self._caller()
             if caller is None:
                 results = call()
@@ -235,7 +242,16 @@ class Pipeline:
                 else:
                     self.stats.failed += 1
         if lost:
-            logger.warning("lease lost for messages %s before their outcome was recorded", sorted(lost))
+            by_id = {m.id: m for m in batch}
+            for o in outcomes:
+                if o.message_id in lost:
+                    logger.warning(
+                        "lease lost for %s #%d (attempt %d) before its outcome was recorded",
+                        by_id[o.message_id].topic,
+                        o.message_id,
+                        o.number,
+                        extra=log_fields(by_id[o.message_id], o.number, self.config.worker_id),
+                    )
         return outcomes, lost
 
     def _store(self, outcomes: Sequence[store.Outcome]) -> set[int]:
@@ -284,6 +300,7 @@ class Pipeline:
                     "could not record even a failed attempt for message #%d; its lease will expire and the "
                     "reaper will requeue it",
                     outcome.message_id,
+                    extra=log_fields(by_id[outcome.message_id], outcome.number, self.config.worker_id),
                 )
                 lost.add(outcome.message_id)
                 stored.append(outcome)
@@ -331,13 +348,20 @@ class Pipeline:
         # Asked once per batch: per message, these two questions cost more than the rest of this loop.
         debug = logger.isEnabledFor(logging.DEBUG)
         delivered_listeners = signals.message_delivered.has_listeners(Message)
+        worker = self.config.worker_id
         for o in outcomes:
             message = by_id[o.message_id]
             if o.message_id in lost:
                 continue
             if o.status == store.DELIVERED:
                 if debug:
-                    logger.debug("delivered %s #%d (attempt %d)", message.topic, message.id, o.number)
+                    logger.debug(
+                        "delivered %s #%d (attempt %d)",
+                        message.topic,
+                        message.id,
+                        o.number,
+                        extra=log_fields(message, o.number, worker),
+                    )
                 if delivered_listeners:
                     signals.message_delivered.send_robust(Message, message=message, attempt=o.number)
             elif o.status == store.DEAD:
@@ -347,6 +371,7 @@ class Pipeline:
                     message.id,
                     o.number,
                     o.error.splitlines()[-1] if o.error else "",
+                    extra=log_fields(message, o.number, worker),
                 )
                 signals.message_dead.send_robust(Message, message=message, attempt=o.number, error=o.error)
             else:
@@ -357,6 +382,7 @@ class Pipeline:
                     message.id,
                     o.retry_at,
                     o.error.splitlines()[-1] if o.error else "",
+                    extra=log_fields(message, o.number, worker),
                 )
                 signals.message_failed.send_robust(
                     Message, message=message, attempt=o.number, error=o.error, retry_at=o.retry_at

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 import logging
+import os
 import signal
 import sys
 from collections.abc import Callable
@@ -29,6 +30,26 @@ def _setting(name: str, kind: type[int] | type[float]) -> Callable[[str], int | 
 
     parse.__name__ = name.lower()
     return parse
+
+
+def _port(text: str) -> int:
+    """``--metrics-port``: 0 lets the system choose (the port is printed), else 1 to 65535."""
+    try:
+        port = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a port number") from None
+    if not 0 <= port <= 65535:
+        raise argparse.ArgumentTypeError(f"{port} is not a port number (1 to 65535, or 0 for any free port)")
+    return port
+
+
+def _address(text: str) -> str:
+    from django_outbox.observability.labels import check_address
+
+    try:
+        return check_address(text)
+    except ValueError as exc:
+        raise argparse.ArgumentTypeError(str(exc)) from None
 
 
 class Command(BaseCommand):
@@ -73,6 +94,18 @@ class Command(BaseCommand):
             help="Give up on a delivery call after this long (default OUTBOX['HANDLER_TIMEOUT_SECONDS']: no limit).",
         )
         parser.add_argument("--database", help="Database alias holding the outbox (default OUTBOX['DATABASE']).")
+        parser.add_argument(
+            "--metrics-port",
+            type=_port,
+            metavar="PORT",
+            help="Serve Prometheus metrics on http://ADDR:PORT/metrics (needs the [prometheus] extra).",
+        )
+        parser.add_argument(
+            "--metrics-addr",
+            type=_address,
+            metavar="ADDR",
+            help="The address --metrics-port listens on (default 127.0.0.1; 0.0.0.0 for every interface).",
+        )
 
     def handle(self, *args: Any, **options: Any) -> None:
         self._warn_if_eager()
@@ -86,13 +119,62 @@ class Command(BaseCommand):
             until_empty=options["until_empty"] or None,
             handler_timeout=options["handler_timeout"],
         )
-        relay = Relay(config)
+        metrics = self._metrics_server(config, options)
+        observers = [*self._tracers(), *([metrics.observer] if metrics else [])]
+        relay = Relay(config, observers=observers)
         previous = self._install_signal_handlers(relay)
         try:
+            if metrics is not None and metrics.requested_port is not None:
+                self._serve_metrics(metrics, options["verbosity"])
             self._run(relay, config, options["verbosity"])
         finally:
+            if metrics is not None:
+                metrics.stop()
             for signum, handler in previous.items():
                 signal.signal(signum, handler)
+
+    @staticmethod
+    def _tracers() -> list[Any]:
+        """The delivery spans, when opentelemetry-api is installed (docs/operating.md#tracing)."""
+        from django_outbox.observability.propagation import trace_headers
+
+        if trace_headers is None:  # opentelemetry-api is not installed: nothing of it is imported
+            return []
+        from django_outbox.observability.tracing import DeliveryTracer
+
+        return [DeliveryTracer()]
+
+    @staticmethod
+    def _metrics_server(config: RelayConfig, options: dict[str, Any]) -> Any:
+        """The metrics: served with ``--metrics-port``; counted without it in prometheus-client's
+        multiprocess mode, where the worker that serves reads every worker's counts."""
+        port = options["metrics_port"]
+        if port is None and options["metrics_addr"] is not None:
+            raise CommandError("--metrics-addr needs --metrics-port")
+        if port is None and not os.environ.get("PROMETHEUS_MULTIPROC_DIR"):
+            return None
+        try:
+            from django_outbox.observability.metrics import MetricsServer
+        except ImportError as exc:
+            if port is None:
+                return None  # multiprocess mode asked for by the environment, but nothing to count with
+            raise CommandError(
+                f"--metrics-port needs prometheus-client ({exc}): pip install 'django-transactional-outbox[prometheus]'"
+            ) from exc
+        return MetricsServer(config.database, addr=options["metrics_addr"] or "127.0.0.1", port=port)
+
+    def _serve_metrics(self, metrics: Any, verbosity: int) -> None:
+        try:
+            metrics.start()
+        except OSError as exc:
+            raise CommandError(
+                f"cannot serve metrics on {metrics.addr} port {metrics.requested_port}: {exc.strerror or exc}"
+                " (another process may use the port; give each worker its own, see docs/operating.md)"
+            ) from exc
+        where = f"http://{metrics.addr}:{metrics.port}/metrics"
+        logging.getLogger("django_outbox.relay").info("serving metrics on %s", where)
+        if verbosity >= 1:
+            self.stdout.write(f"metrics on {where}")
 
     def _warn_if_eager(self) -> None:
         """Say loudly that ``OUTBOX["EAGER"]`` is on: test settings where a worker runs.

@@ -1,0 +1,130 @@
+"""The worker's delivery spans (extra ``[otel]``): one ``process <topic>`` span per delivery attempt.
+
+A message sent alone is delivered in a span that is a child of the span that sent it (the
+``traceparent`` ``send()`` stored); a group a transport delivers in one call gets one span with a link
+to each message's sender. During the call the messages' ``traceparent`` and ``tracestate`` headers are
+the delivery span's, so the transports that pass headers on (webhook, RabbitMQ, NATS, Kafka, Redis)
+hand the receiver the delivery span as its parent; the stored headers are not changed.
+
+Attributes follow OpenTelemetry's messaging conventions: ``messaging.system`` ("django_outbox"),
+``messaging.operation.type`` and ``.name`` ("process"), ``messaging.destination.name`` (the topic),
+``messaging.message.id`` (the uuid), ``messaging.batch.message_count`` for a group, and ``error.type``
+(the exception's class) when the attempt failed. The spans go wherever the process's tracer provider
+sends them: configure the SDK in the worker's settings (docs/operating.md#tracing).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+from collections.abc import Callable, Sequence
+from typing import TYPE_CHECKING, Any
+
+from opentelemetry import trace
+from opentelemetry.trace import Link, SpanKind, Status, StatusCode
+from opentelemetry.trace.propagation.tracecontext import TraceContextTextMapPropagator
+
+from ..worker.observer import Delivery, Observer
+from .propagation import TRACEPARENT, TRACESTATE
+
+if TYPE_CHECKING:
+    from ..store.models import Message
+
+logger = logging.getLogger("django_outbox.relay")
+
+SYSTEM = "django_outbox"
+_propagator = TraceContextTextMapPropagator()
+
+
+def _sender_context(message: Message) -> Any:
+    headers = message.headers if isinstance(message.headers, dict) else {}
+    carrier = {k.lower(): v for k, v in headers.items() if isinstance(k, str) and isinstance(v, str)}
+    return _propagator.extract(carrier) if TRACEPARENT in carrier else None
+
+
+class DeliveryTracer(Observer):
+    def __init__(self) -> None:
+        self.tracer = trace.get_tracer("django_outbox")
+
+    def wrap_delivery(self, group: Sequence[Message], transport: str, call: Delivery) -> Delivery:
+        topics = {m.topic for m in group}
+        topic = next(iter(topics)) if len(topics) == 1 else None
+        attributes: dict[str, Any] = {
+            "messaging.system": SYSTEM,
+            "messaging.operation.type": "process",
+            "messaging.operation.name": "process",
+            "outbox.transport": transport,
+        }
+        if topic is not None:
+            attributes["messaging.destination.name"] = topic
+        if len(group) == 1:
+            attributes["messaging.message.id"] = str(group[0].uuid)
+            attributes["outbox.attempt"] = group[0].attempts
+            parent, links = _sender_context(group[0]), None
+        else:
+            attributes["messaging.batch.message_count"] = len(group)
+            contexts = [_sender_context(m) for m in group]
+            spans = [trace.get_current_span(c).get_span_context() for c in contexts if c is not None]
+            parent, links = None, [Link(s) for s in spans if s.is_valid]
+        name = f"process {topic}" if topic is not None else "process"
+
+        def traced() -> Sequence[BaseException | None]:
+            # The tracing's own failures must not become the attempt's: without a span, the call runs bare.
+            with contextlib.ExitStack() as stack:
+                try:
+                    span = stack.enter_context(
+                        self.tracer.start_as_current_span(
+                            name,
+                            context=parent,
+                            kind=SpanKind.CONSUMER,
+                            attributes=attributes,
+                            links=links,
+                            record_exception=False,
+                            set_status_on_exception=False,
+                        )
+                    )
+                    stack.callback(_swap_headers(group))
+                except Exception:
+                    logger.exception("could not start the delivery span; delivering without it")
+                    stack.close()
+                    return call()
+                try:
+                    results = call()
+                except BaseException as exc:
+                    _failed(span, exc)
+                    raise
+                failure = next((r for r in results if r is not None), None)
+                if failure is not None:
+                    _failed(span, failure)
+                return results
+
+        return traced
+
+
+def _swap_headers(group: Sequence[Message]) -> Callable[[], None]:
+    """Give the messages the current (delivery) span's trace headers; returns what puts theirs back.
+
+    Headers that are not a dict (a row edited by hand) are left alone: nothing to add the context to.
+    """
+    carrier: dict[str, str] = {}
+    _propagator.inject(carrier)
+    stored = [m.headers for m in group]
+
+    def restore() -> None:
+        for m, headers in zip(group, stored, strict=True):
+            m.headers = headers
+
+    try:
+        for m in group:
+            if isinstance(m.headers, dict) or m.headers is None:
+                own = {k: v for k, v in (m.headers or {}).items() if str(k).lower() not in (TRACEPARENT, TRACESTATE)}
+                m.headers = {**own, **carrier}
+    except Exception:
+        restore()
+        raise
+    return restore
+
+
+def _failed(span: trace.Span, exc: BaseException) -> None:
+    span.set_attribute("error.type", type(exc).__qualname__)
+    span.set_status(Status(StatusCode.ERROR, str(exc)[:200]))

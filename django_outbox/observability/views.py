@@ -1,0 +1,107 @@
+"""``health/`` and ``metrics/`` for the web process: what a load balancer, a probe or a scraper asks.
+
+Both show operational figures only (counts, lag, workers), never a message. They are open to active
+staff sessions and to a request bearing ``OUTBOX["HEALTH_TOKEN"]`` (``Authorization: Bearer ...``),
+compared in constant time; anyone else gets 401 (a token is configured: present it) or 403, and no
+figure. The token is never logged, and Django's error pages hide ``*TOKEN*`` settings and the
+``Authorization`` header.
+"""
+
+from __future__ import annotations
+
+import hmac
+import threading
+from typing import Any
+
+from django.http import HttpRequest, HttpResponse, JsonResponse
+from django.views.decorators.cache import never_cache
+from django.views.decorators.http import require_safe
+
+from ..admin import overview
+from ..conf import get_settings
+
+OK, LAGGING, STALLED = "ok", "lagging", "stalled"
+
+
+def _refused(request: HttpRequest) -> HttpResponse | None:
+    """None when the request may see the figures; else the response that says it may not."""
+    token = get_settings().HEALTH_TOKEN
+    given = request.headers.get("Authorization")
+    if given is not None:
+        scheme, _, credentials = given.partition(" ")
+        if token and scheme.lower() == "bearer" and hmac.compare_digest(credentials.strip().encode(), token.encode()):
+            return None
+        return _unauthorized()
+    user: Any = getattr(request, "user", None)
+    if user is not None and user.is_active and user.is_staff:
+        return None
+    if token:
+        return _unauthorized()
+    return JsonResponse({"error": "staff only"}, status=403)
+
+
+def _unauthorized() -> HttpResponse:
+    response = JsonResponse({"error": "a valid bearer token is required"}, status=401)
+    response["WWW-Authenticate"] = 'Bearer realm="outbox"'
+    return response
+
+
+def status_of(figures: overview.Gauges) -> str:
+    """``stalled`` past HEALTH_STALLED_SECONDS of lag or with no live worker, ``lagging`` past HEALTH_LAG_SECONDS."""
+    conf = get_settings()
+    if figures.workers_alive == 0 or figures.lag_seconds > conf.HEALTH_STALLED_SECONDS:
+        return STALLED
+    if figures.lag_seconds > conf.HEALTH_LAG_SECONDS:
+        return LAGGING
+    return OK
+
+
+@never_cache
+@require_safe
+def health(request: HttpRequest) -> HttpResponse:
+    refused = _refused(request)
+    if refused is not None:
+        return refused
+    figures = overview.gauges(get_settings().DATABASE)
+    status = status_of(figures)
+    return JsonResponse(
+        {
+            "status": status,
+            "lag_seconds": round(figures.lag_seconds, 3),
+            "blocked_keys": figures.blocked_keys,
+            "workers_alive": figures.workers_alive,
+        },
+        status=200 if status == OK else 503,
+    )
+
+
+_backlog: Any = None
+_backlog_lock = threading.Lock()
+
+
+@never_cache
+@require_safe
+def metrics(request: HttpRequest) -> HttpResponse:
+    """The backlog gauges in Prometheus' text format, sampled at most every few seconds per process."""
+    global _backlog
+    refused = _refused(request)
+    if refused is not None:
+        return refused
+    try:
+        from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, generate_latest
+
+        from .metrics import Backlog
+    except ImportError:
+        return JsonResponse(
+            {"error": "prometheus-client is not installed: pip install 'django-transactional-outbox[prometheus]'"},
+            status=501,
+        )
+    database = get_settings().DATABASE
+    with _backlog_lock:
+        if _backlog is None or _backlog.database != database:
+            _backlog = Backlog(database)
+        backlog = _backlog
+    backlog.refresh()
+    registry = CollectorRegistry(auto_describe=False)
+    registry.register(backlog)
+    return HttpResponse(generate_latest(registry), content_type=CONTENT_TYPE_LATEST)

@@ -1,0 +1,52 @@
+"""The delivery span in process: what a handler sees during the call, and rows the tracing cannot use."""
+
+from __future__ import annotations
+
+import pytest
+from opentelemetry import trace
+
+from django_outbox import outbox
+from django_outbox.models import Message
+from django_outbox.observability.tracing import DeliveryTracer
+from django_outbox.worker import Relay, RelayConfig
+from tests.support.tracing import memory_exporter, traceparent
+
+pytestmark = pytest.mark.django_db
+
+
+def drain() -> None:
+    Relay(RelayConfig.from_settings(until_empty=True, notify=False), observers=[DeliveryTracer()]).drain()
+
+
+def test_during_the_call_the_message_carries_the_delivery_spans_context(handler):
+    exporter = memory_exporter()
+    seen: list[dict[str, str]] = []
+    handler("spans.*", lambda m: seen.append(dict(m.headers)))
+    with trace.get_tracer("tests").start_as_current_span("view") as view:
+        message = outbox.send("spans.one", {}, headers={"tenant": "7", "tracestate": "x=1"})
+    exporter.clear()
+    drain()
+    (span,) = exporter.get_finished_spans()
+    assert span.name == "process spans.one"
+    assert span.parent is not None and span.parent.span_id == view.get_span_context().span_id
+    # The delivery span inherits the sender's tracestate, as W3C trace context asks.
+    assert seen == [{"tenant": "7", "tracestate": "x=1", "traceparent": traceparent(span)}]
+    message.refresh_from_db()
+    assert message.status == "delivered"
+    assert message.headers == {"tenant": "7", "tracestate": "x=1", "traceparent": traceparent(view)}
+
+
+def test_headers_the_tracing_cannot_use_are_left_alone(handler):
+    exporter = memory_exporter()
+    seen: list[object] = []
+    handler("spans.*", lambda m: seen.append(m.headers))
+    message = outbox.send("spans.odd", {})
+    Message.objects.filter(pk=message.pk).update(headers=["edited", "by", "hand"])
+    broken = outbox.send("spans.broken", {})
+    Message.objects.filter(pk=broken.pk).update(headers={"traceparent": "00-not-a-trace-01"})
+    exporter.clear()
+    drain()
+    assert seen[0] == ["edited", "by", "hand"]
+    assert set(Message.objects.values_list("status", flat=True)) == {"delivered"}
+    spans = {s.name: s for s in exporter.get_finished_spans()}
+    assert spans["process spans.broken"].parent is None  # an unreadable traceparent starts a new trace
