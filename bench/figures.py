@@ -64,7 +64,7 @@ SIZES = {
     ),
     "quick": Sizes(
         reps=3,
-        send_transactions=300,
+        send_transactions=150,
         drain_messages=5000,
         drain_processes=(1, 2, 4),
         latency_messages=200,
@@ -439,8 +439,10 @@ BUSY_SQL = {
     "django-tasks-db": (
         "SELECT EXISTS (SELECT 1 FROM django_tasks_database_dbtaskresult WHERE status IN ('READY', 'RUNNING'))"
     ),
+    "pgqueuer": "SELECT EXISTS (SELECT 1 FROM pgqueuer WHERE status IN ('queued', 'picked'))",
+    "django-jaiminho": "SELECT EXISTS (SELECT 1 FROM jaiminho_event WHERE sent_at IS NULL)",
 }
-COMPARE_NAMES = ("procrastinate", "django-tasks-db")
+COMPARE_NAMES = ("procrastinate", "django-tasks-db", "pgqueuer", "django-jaiminho")
 
 
 def drain(ctx: Context) -> Json:
@@ -1068,16 +1070,78 @@ def _django_tasks(ctx: Context) -> System:
     )
 
 
+def _pgqueuer(ctx: Context) -> System:
+    def start(c: Context) -> procs.Proc:
+        assert c.compare_python is not None
+        return procs.Proc([c.compare_python, "-m", "bench.compare.pgqueuer_app", "worker"], env=_compare_env(c))
+
+    def reset(c: Context) -> None:
+        with psycopg.connect(c.compare_dsn, autocommit=True) as conn:
+            conn.execute("TRUNCATE pgqueuer, pgqueuer_log")
+
+    return System(
+        name="pgqueuer",
+        start=start,
+        ready=_baseline_ready,
+        reset=reset,
+        fill=lambda c, n: float(_compare_run(c, "-m", "bench.compare.pgqueuer_app", "fill", str(n))),
+    )
+
+
+JAIMINHO_SETTINGS = "bench.compare.jaiminho_settings"
+
+
+def _jaiminho(ctx: Context) -> System:
+    def start(c: Context) -> procs.Proc:
+        assert c.compare_python is not None
+        env = {**_compare_env(c), "DJANGO_SETTINGS_MODULE": JAIMINHO_SETTINGS}
+        return procs.Proc(
+            [c.compare_python, "-m", "django", "events_relay", "--run-in-loop", "--loop-interval", "0.1"], env=env
+        )
+
+    def ready(c: Context, started: list[procs.Proc]) -> None:
+        for p in started:
+            p.wait_for_line("stream:")
+
+    def reset(c: Context) -> None:
+        with psycopg.connect(c.compare_dsn, autocommit=True) as conn:
+            conn.execute("TRUNCATE jaiminho_event")
+
+    return System(
+        name="django-jaiminho",
+        start=start,
+        ready=ready,
+        reset=reset,
+        fill=lambda c, n: float(
+            _compare_run(c, "-m", "bench.compare.jaiminho_app", "fill", str(n), settings=JAIMINHO_SETTINGS)
+        ),
+    )
+
+
 def compare(ctx: Context, reference: Json) -> Json:
     """Drain rate of other Python queues with a no-op task, against the baseline measured in this run."""
     if not ctx.compare_python:
         ctx.notes.append("comparisons skipped: no --compare-python (see docs/performance.md)")
         return {}
     tables.ensure_database(ctx.compare_dsn)
-    _compare_run(ctx, "-m", "bench.compare.procrastinate_app", "schema")
-    _compare_run(ctx, "-m", "bench.compare.django_tasks_app", "migrate", settings=TASKS_SETTINGS)
+    setups: list[tuple[Callable[[Context], System], tuple[str, ...], str | None]] = [
+        (_procrastinate, ("-m", "bench.compare.procrastinate_app", "schema"), None),
+        (_django_tasks, ("-m", "bench.compare.django_tasks_app", "migrate"), TASKS_SETTINGS),
+        (_pgqueuer, ("-m", "bench.compare.pgqueuer_app", "schema"), None),
+        (_jaiminho, ("-m", "bench.compare.jaiminho_app", "migrate"), JAIMINHO_SETTINGS),
+    ]
+    systems: list[System] = []
+    for make, setup, settings in setups:
+        system = make(ctx)
+        try:
+            _compare_run(ctx, *setup, settings=settings)
+        except RuntimeError as exc:  # not installed in the comparison environment: say so, measure the rest
+            ctx.notes.append(f"{system.name} skipped: {str(exc).splitlines()[-1]}")
+            ctx.log(f"  {system.name} skipped (see notes)")
+            continue
+        systems.append(system)
     result: Json = {"messages": ctx.sizes.compare_messages}
-    for system in (_procrastinate(ctx), _django_tasks(ctx)):
+    for system in systems:
         by_processes: Json = {}
         for processes in ctx.sizes.drain_processes:
             rates = [drain_once(ctx, system, processes, ctx.sizes.compare_messages) for _ in range(ctx.sizes.reps)]
