@@ -91,7 +91,6 @@ SIZES = {
         send_reps=1,
         enqueue_transactions=32,
         enqueue_producers=(1, 4),
-        one_thread=False,
     ),
 }
 
