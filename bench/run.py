@@ -113,6 +113,8 @@ def main(argv: list[str] | None = None) -> int:
         "e. memory": "memory",
         "comparisons": "compare",
     }
+    output = args.output or ROOT / "bench" / "results" / f"{dt.datetime.now():%Y%m%d-%H%M%S}-{size_name}.json"
+    output.parent.mkdir(parents=True, exist_ok=True)
     for section, title, measure in steps:
         if section not in only:
             continue
@@ -120,10 +122,12 @@ def main(argv: list[str] | None = None) -> int:
         t = time.monotonic()
         out[keys[title]] = measure()
         print(f"  ({time.monotonic() - t:.0f}s)", flush=True)
+        # after every section, so that a long run stopped part-way keeps what it measured
+        results["seconds"] = time.monotonic() - started
+        results["notes"] = ctx.notes
+        output.write_text(json.dumps(results, indent=2, default=str))
     results["seconds"] = time.monotonic() - started
     results["notes"] = ctx.notes
-    output = args.output or ROOT / "bench" / "results" / f"{dt.datetime.now():%Y%m%d-%H%M%S}-{size_name}.json"
-    output.parent.mkdir(parents=True, exist_ok=True)
     output.write_text(json.dumps(results, indent=2, default=str))
     print()
     print(render(results))
