@@ -281,7 +281,7 @@ def send_batch(ctx: Context) -> Json:
         ctx.log("  batch: " + ", ".join(f"{k} {v:.0f} µs" for k, v in medians.items()))
     ratio = median([r["send_100"] / r["send_1"] for r in reps])
     return {
-        "api": "send_many" if has_many else "loop of send() (no send_many in this tree)",
+        "api": "send_many" if has_many else "a loop of send(): no send_many in this tree",
         "transactions": n,
         "send_1_us": median([r["send_1"] for r in reps]),
         "send_100_us": median([r["send_100"] for r in reps]),
@@ -948,6 +948,8 @@ def memory(ctx: Context) -> Json:
             try:
                 rss = worker.rss_kib()
             except FileNotFoundError:  # it has just exited
+                break
+            if not rss:  # exited but not yet reaped: /proc has no VmRSS line (it read as 0 MiB at the end)
                 break
             samples.append((time.monotonic() - t0, delivered, rss))
             time.sleep(0.25)

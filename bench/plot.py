@@ -40,9 +40,13 @@ def draw(results: dict[str, Any], output: Path) -> None:
         low = [m - min(r) for m, r in zip(medians, reps, strict=True)]
         high = [max(r) - m for m, r in zip(medians, reps, strict=True)]
         ax.errorbar(processes, medians, yerr=[low, high], label=label, color=colour, marker=marker, capsize=4)
-    for name, peer in results["figures"].get("compare", {}).items():
-        if isinstance(peer, dict) and all(str(p) in peer for p in processes):
-            ax.plot(processes, [peer[str(p)]["per_s"] for p in processes], label=name, linestyle=":", marker=".")
+    peers = [(n, p) for n, p in results["figures"].get("compare", {}).items() if isinstance(p, dict)]
+    greys = ("#424242", "#757575", "#9e9e9e", "#bdbdbd", "#616161")
+    for (name, peer), grey in zip(peers, greys * 2, strict=False):
+        if all(str(p) in peer for p in processes):
+            ax.plot(
+                processes, [peer[str(p)]["per_s"] for p in processes], label=name, color=grey, linestyle=":", marker="."
+            )
     ax.set_xticks(processes)
     ax.set_xlabel("worker processes")
     ax.set_ylabel("messages per second (no-op handler)")
