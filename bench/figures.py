@@ -582,8 +582,9 @@ def neighbour_dsn(ctx: Context) -> str:
 def latency_neighbour(ctx: Context) -> Json:
     """Commit to handler, unkeyed and keyed, without and with a busy neighbour database on the same server.
 
-    One idle worker (PostgreSQL, NOTIFY). Each phase sends ``latency_messages`` messages one per
-    transaction, 5-15 ms apart, alternating a keyed one (ten keys in turn) and an unkeyed one, so the two
+    One idle worker (PostgreSQL, NOTIFY) and, beside it, the minimal relay waiting for a NOTIFY of its
+    own (the reference). Each phase sends ``latency_messages`` messages one per transaction, 5-15 ms
+    apart, in turn a keyed one (ten keys in turn), an unkeyed one and a row of the minimal table, so the
     kinds share every moment of the machine. In the ``busy`` phase ``bench/neighbour.py`` runs tiny write
     transactions without pause in another database of the same server (``<name>_neighbour``); the
     phases alternate their order from one repetition to the next. Each figure is the median over the
@@ -601,7 +602,7 @@ def latency_neighbour(ctx: Context) -> Json:
     receiver.bind(("127.0.0.1", 0))
     receiver.settimeout(0.2)
     port = receiver.getsockname()[1]
-    arrived: dict[int, float] = {}
+    arrived: dict[str, float] = {}  # "<id>" for the outbox's messages, "m<id>" for the minimal relay's rows
     done = threading.Event()
 
     def receive() -> None:
@@ -611,11 +612,30 @@ def latency_neighbour(ctx: Context) -> Json:
             except TimeoutError:
                 continue
             message_id, at = data.decode().split()
-            arrived[int(message_id)] = float(at)
+            arrived[message_id] = float(at)
 
     listener = threading.Thread(target=receive, daemon=True)
     listener.start()
+    import json
+
+    from django.db import connection
+
+    from .minimal_relay import INSERT_ONE
+
+    ensure_minimal(ctx)
+    _minimal_reset(ctx)
     worker = procs.outbox_worker(ctx.dsn, env={"BENCH_UDP_PORT": str(port), "BENCH_POLL_INTERVAL": "1.0"})
+    minimal = procs.Proc(
+        [
+            sys.executable,
+            str(procs.ROOT / "bench" / "minimal_relay.py"),
+            ctx.dsn,
+            "--listen",
+            "bench_minimal",
+            "--udp-port",
+            str(port),
+        ]
+    )
     reps: list[Json] = []
 
     def phase(busy: bool) -> Json:
@@ -626,17 +646,24 @@ def latency_neighbour(ctx: Context) -> Json:
             time.sleep(0.3)
         try:
             arrived.clear()
-            committed: dict[int, tuple[float, bool]] = {}
+            committed: dict[str, tuple[float, str]] = {}
             for i in range(ctx.sizes.latency_messages):
-                keyed = i % 2 == 0
+                kind = LATENCY_KINDS[i % len(LATENCY_KINDS)]
                 with transaction.atomic():
-                    message = outbox.send(
-                        "bench.latency",
-                        {"n": i},
-                        key=f"k{i // 2 % 10}" if keyed else None,
-                        headers={"bench-latency": "1"},
-                    )
-                    committed[message.id] = (time.time(), keyed)  # before COMMIT: the figure includes it
+                    if kind == "minimal":  # the reference: one row into the minimal table, one NOTIFY
+                        with connection.cursor() as cursor:
+                            cursor.execute(INSERT_ONE + " RETURNING id", [json.dumps({"n": i})])
+                            row_id = f"m{cursor.fetchone()[0]}"
+                            cursor.execute("SELECT pg_notify('bench_minimal', '')")
+                    else:
+                        message = outbox.send(
+                            "bench.latency",
+                            {"n": i},
+                            key=f"k{i // len(LATENCY_KINDS) % 10}" if kind == "keyed" else None,
+                            headers={"bench-latency": "1"},
+                        )
+                        row_id = str(message.id)
+                    committed[row_id] = (time.time(), kind)  # before COMMIT: the figure includes it
                 time.sleep(random.uniform(*GAP))
             deadline = time.monotonic() + 15
             while len(arrived) < len(committed) and time.monotonic() < deadline:
@@ -648,12 +675,13 @@ def latency_neighbour(ctx: Context) -> Json:
         if neighbour is not None:
             ran = [line for line in neighbour.lines if line.startswith("transactions ")]
             result["neighbour_transactions"] = int(ran[-1].split()[1]) if ran else 0
-        for kind, want in (("unkeyed", False), ("keyed", True)):
-            ms = [(arrived[k] - at) * 1000 for k, (at, keyed) in committed.items() if keyed is want and k in arrived]
+        for kind in LATENCY_KINDS:
+            ms = [(arrived[k] - at) * 1000 for k, (at, sent) in committed.items() if sent == kind and k in arrived]
             result[kind] = {"p50_ms": percentile(ms, 50), "p99_ms": percentile(ms, 99), "max_ms": max(ms, default=0)}
         return result
 
     try:
+        minimal.wait_for_line("ready")
         worker.wait_for_line("relaying")
         time.sleep(1.0)
         for first in interleaved(ctx.sizes.reps):
@@ -671,14 +699,18 @@ def latency_neighbour(ctx: Context) -> Json:
             )
     finally:
         worker.stop()
+        minimal.stop()
         done.set()
         listener.join()
         receiver.close()
     out: Json = {"messages_per_phase": ctx.sizes.latency_messages, "reps": reps}
     for p in ("idle", "busy"):
         fig: Json = {"lost": sum(r[p]["lost"] for r in reps)}
-        for k in ("unkeyed", "keyed"):
+        for k in LATENCY_KINDS:
             fig[k] = {q: median([r[p][k][q] for r in reps]) for q in ("p50_ms", "p99_ms", "max_ms")}
+        fig["unkeyed_p50_to_minimal"] = median(
+            [_safe_ratio(r[p]["unkeyed"]["p50_ms"], r[p]["minimal"]["p50_ms"]) for r in reps]
+        )
         fig["keyed_p50_ratio"] = median([_safe_ratio(r[p]["keyed"]["p50_ms"], r[p]["unkeyed"]["p50_ms"]) for r in reps])
         fig["keyed_p99_ratio"] = median([_safe_ratio(r[p]["keyed"]["p99_ms"], r[p]["unkeyed"]["p99_ms"]) for r in reps])
         out[p] = fig
@@ -688,6 +720,10 @@ def latency_neighbour(ctx: Context) -> Json:
     out["ok_keyed"] = busy["keyed_p50_ratio"] <= 2 and busy["keyed_p99_ratio"] <= 3
     out["ok"] = out["ok_idle"] and out["ok_keyed"] and idle["lost"] + busy["lost"] == 0
     return out
+
+
+#: The latency figure's messages, in turn: the outbox's keyed and unkeyed, and the minimal relay's rows.
+LATENCY_KINDS = ("keyed", "unkeyed", "minimal")
 
 
 def _safe_ratio(value: float, reference: float) -> float:

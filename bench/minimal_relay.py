@@ -11,7 +11,8 @@ physical limit of "claim a batch, deliver, acknowledge" on PostgreSQL for a hand
 Each round: claim up to ``--batch`` pending rows with ``FOR UPDATE SKIP LOCKED`` and a lease in one
 ``UPDATE ... RETURNING``, committed at once; a no-op per row; one fenced acknowledgement (delivered where
 ``locked_by`` is this relay and ``attempts`` is the number it claimed). Prints ``ready`` once connected;
-idle, it polls every 5 ms, as the same-table relay does. Stops on SIGTERM.
+idle, it polls every 5 ms, as the same-table relay does (with ``--listen``, it waits for a NOTIFY instead:
+the latency figure's reference). Stops on SIGTERM.
 
 The harness (``bench/figures.py``) creates the table with :data:`CREATE` and fills it with :data:`FILL`.
 """
@@ -85,6 +86,8 @@ def main() -> None:
     parser.add_argument("dsn")
     parser.add_argument("--batch", type=int, default=100)
     parser.add_argument("--lease", type=float, default=60.0)
+    parser.add_argument("--listen", metavar="CHANNEL", help="idle, wait for a NOTIFY on CHANNEL (1 s at most)")
+    parser.add_argument("--udp-port", type=int, help="report 'm<id> <time>' per row over UDP (latency figure)")
     args = parser.parse_args()
     stopping = False
 
@@ -96,14 +99,23 @@ def main() -> None:
     signal.signal(signal.SIGINT, stop)
     me = f"{socket.gethostname()}:{os.getpid()}:minimal"
     params = {"limit": args.batch, "me": me, "lease": args.lease}
+    udp = socket.socket(socket.AF_INET, socket.SOCK_DGRAM) if args.udp_port else None
     with psycopg.connect(args.dsn, autocommit=True) as conn:
+        if args.listen:
+            conn.execute(f'LISTEN "{args.listen}"')
         print("ready", flush=True)
         while not stopping:
             rows = conn.execute(CLAIM, params).fetchall()
             if not rows:
-                time.sleep(0.005)
+                if args.listen:
+                    for _ in conn.notifies(timeout=1.0, stop_after=1):
+                        pass
+                else:
+                    time.sleep(0.005)
                 continue
             for row in rows:
+                if udp is not None:
+                    udp.sendto(f"m{row[0]} {time.time()!r}".encode(), ("127.0.0.1", args.udp_port))
                 handle(row)
             conn.execute(ACK, {"ids": [r[0] for r in rows], "attempts": [r[6] for r in rows], "me": me})
 

@@ -61,6 +61,8 @@ def test_smoke_run_measures_every_figure(bench_dsn, tmp_path):
     neighbour = figures["latency_neighbour"]
     assert neighbour["idle"]["lost"] == neighbour["busy"]["lost"] == 0
     assert all(rep["busy"]["neighbour_transactions"] > 0 for rep in neighbour["reps"])
+    # the minimal relay, woken by its own NOTIFY, is the latency figure's reference
+    assert neighbour["idle"]["minimal"]["p50_ms"] > 0 and neighbour["busy"]["minimal"]["p50_ms"] > 0
     one_process = figures["drain"]["by_processes"]["1"]
     assert one_process["reps"]
     # Each drain runs the project beside both references in the same rounds (and, at one process, with
