@@ -95,3 +95,7 @@ def outbox_worker(dsn: str, *extra: str, env: dict[str, str] | None = None) -> P
 
 def baseline_relay(dsn: str) -> Proc:
     return Proc([sys.executable, str(ROOT / "bench" / "baseline_relay.py"), dsn])
+
+
+def minimal_relay(dsn: str) -> Proc:
+    return Proc([sys.executable, str(ROOT / "bench" / "minimal_relay.py"), dsn])

@@ -15,12 +15,14 @@ from tests.support import ROOT
 
 pytestmark = [pytest.mark.usefixtures("postgres"), pytest.mark.slow]
 
-SECTIONS = "send,drain,latency,scale,opentx,memory"  # all but the comparisons, which need their own virtualenv
+SECTIONS = "send,drain,latency,enqueue,scale,opentx,memory"  # all but the comparisons (their own virtualenv)
 FIGURES = {
     "send",
+    "send_batch",
     "drain",
-    "latency_postgresql",
+    "latency_neighbour",
     "latency_sqlite",
+    "enqueue",
     "claim_cost",
     "open_transaction",
     "memory",
@@ -52,15 +54,27 @@ def test_smoke_run_measures_every_figure(bench_dsn, tmp_path):
     results = json.loads(output.read_text())
     figures = results["figures"]
     assert set(figures) == FIGURES
-    # Every message sent for the latency figures reached the handler, on both databases.
-    for key in ("latency_postgresql", "latency_sqlite"):
-        assert figures[key]["lost"] == 0
-        assert all(rep["received"] == rep["sent"] > 0 for rep in figures[key]["reps"])
+    # Every message sent for the latency figures reached the handler, on both databases, keyed or not,
+    # with and without the busy neighbour database (which did run transactions meanwhile).
+    assert figures["latency_sqlite"]["lost"] == 0
+    assert all(rep["received"] == rep["sent"] > 0 for rep in figures["latency_sqlite"]["reps"])
+    neighbour = figures["latency_neighbour"]
+    assert neighbour["idle"]["lost"] == neighbour["busy"]["lost"] == 0
+    assert all(rep["busy"]["neighbour_transactions"] > 0 for rep in neighbour["reps"])
+    # the minimal relay, woken by its own NOTIFY, is the latency figure's reference
+    assert neighbour["idle"]["minimal"]["p50_ms"] > 0 and neighbour["busy"]["minimal"]["p50_ms"] > 0
     one_process = figures["drain"]["by_processes"]["1"]
     assert one_process["reps"]
-    # One process is also measured with one delivery thread, beside the default's two.
-    assert all({"outbox", "outbox_one_thread", "baseline"} <= set(rep) for rep in one_process["reps"])
-    assert one_process["one_thread_per_s"] > 0
+    # Each drain runs the project beside both references in the same rounds (and, at one process, with
+    # one delivery thread beside the default's two).
+    assert all({"outbox", "outbox_one_thread", "baseline", "minimal"} <= set(rep) for rep in one_process["reps"])
+    assert one_process["one_thread_per_s"] > 0 and one_process["minimal_per_s"] > 0
+    # The send() floor and the enqueue concurrency ran every mode.
+    assert figures["send"]["minimal_us_per_tx"] > 0
+    assert figures["send_batch"]["api"]
+    for by in figures["enqueue"]["by_producers"].values():
+        assert all(by[f"{mode}_per_s"] > 0 for mode in ("send", "send_quiet", "floor", "floor_notify"))
+    assert figures["claim_cost"]["large"]["reference_ms"] > 0
     assert figures["memory"]["messages"] == 500
     # The server settings that move the figures are on record with them.
     server = results["environment"]["postgresql"]
@@ -70,7 +84,9 @@ def test_smoke_run_measures_every_figure(bench_dsn, tmp_path):
         "a. send()",
         "b. drain",
         "--concurrency 1",
-        "c. commit to handler",
+        "c. commit to handler, keyed, busy neighbour database",
+        "c. enqueue",
+        "minimal reference",
         "d. claim 100",
         "d. drain with",
         "e. worker RSS",
