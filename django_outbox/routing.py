@@ -37,8 +37,14 @@ def matches(pattern: str, topic: str) -> bool:
 class HandlerRegistry:
     """Local handlers by topic pattern; an exact topic beats a pattern, then the first pattern registered."""
 
+    #: Topics whose handler ``find()`` remembers; past that it forgets them all and starts again.
+    FOUND_MAX = 4096
+
     def __init__(self) -> None:
         self._handlers: dict[str, Handler] = {}
+        # The handler transport asks for every message it delivers; matching the patterns each time cost
+        # about a tenth of the worker's Python per no-op message (docs/performance.md).
+        self._found: dict[str, Handler | None] = {}
 
     def register(self, pattern: str, func: Handler) -> None:
         if not isinstance(pattern, str) or not pattern:
@@ -50,13 +56,27 @@ class HandlerRegistry:
                 "Each pattern may have one handler; call the second from the first if both must run."
             )
         self._handlers[pattern] = func
+        self._found = {}
         _clear_caches()
 
     def unregister(self, pattern: str) -> None:
         self._handlers.pop(pattern, None)
+        self._found = {}
         _clear_caches()
 
     def find(self, topic: str) -> Handler | None:
+        found = self._found
+        try:
+            return found[topic]
+        except KeyError:
+            pass
+        func = self._match(topic)
+        if len(found) >= self.FOUND_MAX:
+            found.clear()
+        found[topic] = func
+        return func
+
+    def _match(self, topic: str) -> Handler | None:
         exact = self._handlers.get(topic)
         if exact is not None:
             return exact

@@ -11,6 +11,7 @@ on these tables (``mail.models``, ``retention.models``) import them from here, a
 from __future__ import annotations
 
 import uuid
+from typing import Any
 
 from django.core.serializers.json import DjangoJSONEncoder
 from django.db import models
@@ -23,6 +24,20 @@ from ..limits import (
     TOPIC_MAX_LENGTH,
     WORKER_ID_MAX_LENGTH,
 )
+
+
+class BlockRangeIndex(models.Index):
+    """A BRIN index on PostgreSQL, a B-tree elsewhere.
+
+    For a column that follows the insertion order (a creation or finish time): a BRIN index holds one
+    summary per range of table pages, so a new row version costs it next to nothing, where a B-tree
+    takes one entry per version (docs/performance.md, "The hot table's indexes").
+    """
+
+    def create_sql(self, model: Any, schema_editor: Any, using: str = "", **kwargs: Any) -> Any:
+        if schema_editor.connection.vendor == "postgresql":
+            using = " USING brin"
+        return super().create_sql(model, schema_editor, using=using, **kwargs)
 
 
 class Message(models.Model):
@@ -83,15 +98,28 @@ class Message(models.Model):
             models.Index(fields=["id"], name="outbox_msg_pending_idx", condition=models.Q(status="pending")),
             # "When is the next message due?" for a sleeping worker.
             models.Index(fields=["available_at"], name="outbox_msg_due_idx", condition=models.Q(status="pending")),
-            # The reaper looks for expired leases only among rows in flight.
-            models.Index(fields=["locked_until"], name="outbox_msg_lease_idx", condition=models.Q(status="processing")),
-            models.Index(fields=["status", "topic"], name="outbox_msg_status_topic_idx"),
+            # The rows in flight, by holder: the heartbeat extends a worker's leases through it, and the
+            # reaper reads the (few) rows in flight for expired ones. Not on ``locked_until``, which the
+            # heartbeat rewrites: with no index on it, extending a lease is a HOT update.
+            models.Index(fields=["locked_by"], name="outbox_msg_lease_idx", condition=models.Q(status="processing")),
+            # The admin's search by key and a message's page (the other messages of its key), newest first.
             models.Index(fields=["key", "id"], name="outbox_msg_key_idx", condition=models.Q(key__isnull=False)),
-            # The admin's created-date filter: its bounded count would otherwise scan the table.
-            models.Index(fields=["created_at"], name="outbox_msg_created_idx"),
-            # The admin's default views, newest first: filtered by status or by topic, then ordered by id,
-            # so a page of a million-row table is read straight off an index.
-            models.Index(fields=["status", "id"], name="outbox_msg_status_id_idx"),
+            # The admin's created-date filter. A block-range index: a handful of entries per thousand rows,
+            # not one per row version, so the claim and the record do not pay for it (PostgreSQL; a
+            # B-tree elsewhere).
+            BlockRangeIndex(fields=["created_at"], name="outbox_msg_created_idx"),
+            # The admin's views of finished messages by status, newest first, their counts, and the dead
+            # messages per topic: an entry is written once, when the message is finished, where an index
+            # on (status, id) of every row took one at send, at claim and at the outcome. Pending rows
+            # are listed through the pending index, rows in flight through the lease index.
+            models.Index(
+                fields=["status", "id"],
+                name="outbox_msg_settled_idx",
+                include=["topic"],
+                condition=models.Q(status__in=["delivered", "dead", "cancelled"]),
+            ),
+            # The admin's topic filter and search, newest first (every status: the one full index the
+            # admin keeps besides the primary key and the uuid).
             models.Index(fields=["topic", "id"], name="outbox_msg_topic_id_idx"),
             # Per-key order: "is an earlier message of this key still open?" probes only open rows, so the
             # answer costs the same however many delivered messages the key has had.
@@ -125,7 +153,10 @@ class Attempt(models.Model):
         ABANDONED = "abandoned", _("abandoned")
 
     id = models.BigAutoField(primary_key=True)
-    message = models.ForeignKey(Message, on_delete=models.CASCADE, related_name="attempt_log")
+    # No foreign key in the database: the record inserts an attempt only for a message it finds in the
+    # table, in the same statement (or beside the archived one), so the per-row check and the lock it
+    # takes on the message row bought nothing on the hot path. The ORM relation (``attempt_log``) stays.
+    message = models.ForeignKey(Message, on_delete=models.CASCADE, related_name="attempt_log", db_constraint=False)
     number = models.PositiveIntegerField()
     started_at = models.DateTimeField()
     finished_at = models.DateTimeField(null=True, blank=True)
@@ -139,7 +170,8 @@ class Attempt(models.Model):
         verbose_name_plural = _("delivery attempts")
         indexes = [
             # The overview's per-minute chart reads only the last hour of attempts.
-            models.Index(fields=["finished_at"], name="outbox_attempt_finished_idx"),
+            # Attempts are only ever appended, so a block-range index on their time is exact enough.
+            BlockRangeIndex(fields=["finished_at"], name="outbox_attempt_finished_idx"),
         ]
 
     def __str__(self) -> str:

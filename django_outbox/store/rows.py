@@ -4,11 +4,13 @@ own converters applied."""
 from __future__ import annotations
 
 import functools
+import json
 from collections.abc import Callable, Iterable, Sequence
 from typing import Any
 
 from django.db import connections
 from django.db.backends.base.base import BaseDatabaseWrapper
+from django.db.models import JSONField
 from django.db.models.base import ModelState
 from django.db.models.signals import post_init, pre_init
 
@@ -29,9 +31,24 @@ def _decoders(alias: str, vendor: str) -> list[tuple[int, Any, tuple[Callable[..
     for i, field in enumerate(FIELDS):
         col = field.get_col(MESSAGE)
         converters = tuple(conn.ops.get_db_converters(col) + field.get_db_converters(conn))
+        if isinstance(field, JSONField) and field.decoder is None and converters == (field.from_db_value,):
+            converters = (_from_json,)
         if converters:
             decoders.append((i, col, converters))
     return decoders
+
+
+def _from_json(value: Any, expression: Any, connection: BaseDatabaseWrapper) -> Any:
+    """``JSONField.from_db_value()`` for a column read whole, without a decoding for the empty object
+    that most messages' headers are (a claim reads two JSON columns per message)."""
+    if value == "{}":
+        return {}
+    if not isinstance(value, str):
+        return value
+    try:
+        return json.loads(value)
+    except json.JSONDecodeError:
+        return value
 
 
 def to_message(alias: str, conn: BaseDatabaseWrapper, row: Sequence[Any]) -> Message:

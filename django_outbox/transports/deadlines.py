@@ -28,14 +28,26 @@ _deadline: contextvars.ContextVar[tuple[float, float] | None] = contextvars.Cont
 )
 
 
-@contextlib.contextmanager
-def time_limit(seconds: float | None) -> Iterator[None]:
+_UNLIMITED = contextlib.nullcontext()
+
+
+def time_limit(seconds: float | None) -> contextlib.AbstractContextManager[None]:
     """Tell the delivery call made in this block how long it may take (None: no limit).
 
     A thread cannot be stopped, so ``BoundedCaller`` can only abandon a hung call; a coroutine can be
     cancelled, so the handler transport reads this to cancel an async handler at its deadline. It is
     also the only bound in ``relay_all()``, which has no helper thread.
+
+    No limit where none is set already (the worker's default) changes nothing: a shared no-op block,
+    not a generator and a context variable's set and reset for every message.
     """
+    if seconds is None and _deadline.get() is None:
+        return _UNLIMITED
+    return _limited(seconds)
+
+
+@contextlib.contextmanager
+def _limited(seconds: float | None) -> Iterator[None]:
     token = _deadline.set(None if seconds is None else (time.monotonic() + seconds, seconds))
     try:
         yield
