@@ -66,6 +66,8 @@ def insert(alias: str, new: NewMessage, *, notify: str | None = None) -> tuple[M
         params.append(float(new.delay_seconds))
     else:
         schedule = "now"
+    if pg and new.key is not None:
+        params.append(new.key)  # the key's lock, taken before the row's id (see _insert_sql)
     notifying = notify is not None and pg
     if notifying:
         params.append(notify)
@@ -103,14 +105,23 @@ _Schedule = Literal["given", "now", "delay"]
 _LAST_PYTHON_TIME = "timestamptz '9999-12-31 23:59:59.999999+00'"
 
 
+#: The first half of the two-int advisory lock a keyed ``send()`` takes on PostgreSQL
+#: (``pg_advisory_xact_lock(KEY_LOCK_CLASS, hashtext(key))``): "outb" in ASCII, so the outbox's locks
+#: stand apart from an application's own in ``pg_locks`` and do not collide with its one-bigint ones.
+KEY_LOCK_CLASS = 0x6F757462
+
+
 @functools.cache
 def _insert_sql(pg: bool, *, keyed: bool, idempotent: bool, notify: bool, schedule: _Schedule = "given") -> str:
-    # PostgreSQL, keyed messages: the subquery row, computed and filtered before the identity default is
-    # projected over it, gives the transaction its id before the row takes its own. Per-key ordering
-    # relies on that (docs/ordering.md); a message without a key is not ordered, and is spared the
-    # subquery. OFFSET 0 and the filter keep the planner from dropping the (stable) call.
-    xact_first = " FROM (SELECT pg_current_xact_id() AS xid OFFSET 0) AS xact WHERE xact.xid IS NOT NULL"
-    xact_first = xact_first if pg and keyed else ""
+    # PostgreSQL, keyed messages: the row is projected over a subquery that takes the key's advisory lock
+    # for the rest of the transaction, so the lock comes before the identity default gives the row its
+    # id. A second sender of the key waits there until the first transaction ends: a key's ids are taken
+    # in the order their transactions commit, and a worker never sees a later id of a key while an
+    # earlier one is still invisible (docs/ordering.md). In autocommit the statement is the transaction,
+    # so the lock is released the moment the row is committed. OFFSET 0 keeps the subquery (and its
+    # volatile call) where it is. A message without a key is not ordered, and takes no lock.
+    lock_first = f" FROM (SELECT pg_advisory_xact_lock({KEY_LOCK_CLASS}, hashtext(%s)) OFFSET 0) AS key_lock"
+    lock_first = lock_first if pg and keyed else ""
     jsonb = "%s::jsonb" if pg else "%s"
     # The conflict target names the partial unique index by its column and predicate.
     conflict = " ON CONFLICT (idempotency_key) WHERE idempotency_key IS NOT NULL DO NOTHING" if idempotent else ""
@@ -129,7 +140,7 @@ def _insert_sql(pg: bool, *, keyed: bool, idempotent: bool, notify: bool, schedu
     sql = (
         f"INSERT INTO {MESSAGE} (uuid, topic, key, payload, headers, idempotency_key, status, attempts,"
         f" max_attempts, available_at, created_at, last_error)"
-        f" SELECT %s, %s, %s, {jsonb}, {jsonb}, %s, '{PENDING}', 0, %s, {times}, ''{xact_first}{conflict}"
+        f" SELECT %s, %s, %s, {jsonb}, {jsonb}, %s, '{PENDING}', 0, %s, {times}, ''{lock_first}{conflict}"
         f" RETURNING {returning}"
     )
     if notify:
@@ -163,6 +174,5 @@ def _new_message(alias: str, message_id: int, new: NewMessage) -> Message:
         "locked_by": None,
         "locked_until": None,
         "last_error": "",
-        "visible_after_xid": None,  # stamped by the first claim that sees a keyed row
     }
     return instance_builder(alias)([values[name] for name in ATTNAMES])
