@@ -5,7 +5,8 @@ The worker never builds a query: it calls these functions (``from django_outbox 
 an ack is one round trip and no transaction outlives the function. The store decides nothing: what a
 failure means (retry when, or give up) is the worker's policy, handed in as an ``Outcome``.
 
-- ``producing``: ``insert`` (``send()``), and ``KEY_LOCK_CLASS``, the advisory lock a keyed send takes;
+- ``producing``: ``insert`` (``send()``), ``insert_many`` (``send_many()``), ``KEY_LOCK_CLASS`` (the
+  advisory lock a keyed send takes);
 - ``claiming``: ``claim``, ``claim_sql``, ``next_due``, ``work_in_progress``;
 - ``recording``: ``record`` and ``Outcome``;
 - ``leases``: ``release``, ``extend_leases``, ``reap``;
@@ -41,7 +42,7 @@ from .db import (
 )
 from .leases import Reaped, extend_leases, reap, release
 from .notify import notify_now, notify_on_commit
-from .producing import KEY_LOCK_CLASS, NewMessage, insert
+from .producing import KEY_LOCK_CLASS, NewMessage, insert, insert_many
 from .recording import MAX_RETRY_DELAY_SECONDS, Outcome, record, retry_seconds
 from .rows import COLUMNS
 from .workers import WorkerBeat, database_now, heartbeat
@@ -75,6 +76,7 @@ __all__ = [
     "extend_leases",
     "heartbeat",
     "insert",
+    "insert_many",
     "next_due",
     "notify_now",
     "notify_on_commit",

@@ -87,3 +87,19 @@ def test_release_renew_reap_and_the_idle_queries():
     assert abs(due_in - (later.available_at - store.database_now("default")).total_seconds()) < 1
     assert len(store.claim("default", worker="w2", limit=2, lease_seconds=30)) == 2
     assert store.work_in_progress("default") is True
+
+
+def test_send_many_with_keys_schedules_and_idempotency_keys():
+    """Arrays of every column, NULLs among them (an array of only NULLs too), and the keys' locks."""
+    at = timezone.now() + dt.timedelta(hours=1)
+    items = [
+        {"topic": "probe.created", "payload": {"n": 1}, "key": "K", "idempotency_key": "i-1"},
+        {"topic": "probe.created", "payload": [1, 2], "delay": 30, "headers": {"h": "v"}},
+        {"topic": "probe.created", "payload": "x", "available_at": at, "key": "L"},
+    ]
+    sent = outbox.send_many(items)
+    assert outbox.send_many(items[:1])[0].pk == sent[0].pk
+    assert [m.payload for m in sent] == [{"n": 1}, [1, 2], "x"]
+    assert Message.objects.get(pk=sent[2].pk).available_at == at
+    unkeyed = outbox.send_many([{"topic": "probe.created", "payload": n} for n in range(3)])
+    assert len(unkeyed) == 3 and Message.objects.count() == 6
