@@ -13,7 +13,7 @@ Each transaction creates one ``Order`` (the business row) and then writes, by ki
 The kinds are interleaved one transaction at a time (the order reversed every other round), so each sees
 the same load of a shared machine; each repetition gives the median transaction time of every kind, and
 the figures are medians of the repetitions' ratios. The target: ``send_many_100`` at most 2x ``send_1``.
-Prints a table and writes ``bench/results/send-many.json``. Exit 1 when the target is missed.
+Prints a table and writes ``bench/results/performance-send-many.json``. Exit 1 when the target is missed.
 
 ``default`` is PostgreSQL from ``DATABASE_URL`` (a database of its own, made if missing); ``sqlite`` is
 the benchmark's SQLite file (bench/settings.py).
@@ -45,7 +45,7 @@ def main() -> int:
     parser.add_argument("--transactions", type=int, default=200, help="transactions of each kind per repetition")
     parser.add_argument("--reps", type=int, default=5)
     parser.add_argument("--database", default="default", choices=["default", "sqlite"])
-    parser.add_argument("--output", type=Path, default=ROOT / "bench" / "results" / "send-many.json")
+    parser.add_argument("--output", type=Path, default=ROOT / "bench" / "results" / "performance-send-many.json")
     args = parser.parse_args()
     ensure_database(os.environ["DATABASE_URL"])
 

@@ -42,15 +42,6 @@ needs_session_listen = pytest.mark.skipif(
 )
 
 
-#: Known open: two topic-split workers handing a key over by NOTIFY failed once through session pooling
-#: in CI (the direct runs pass); until that is understood it runs on direct connections only.
-direct_only = pytest.mark.skipif(
-    pooled.mode() is not None,
-    reason="the cross-topic hand-off through a pooler failed once in session pooling; investigated on direct "
-    "connections only so far (see the closing note of 2026-12-01)",
-)
-
-
 def is_postgres_alias(alias: str) -> bool:
     from django.db import connections
 

@@ -14,7 +14,7 @@ from psycopg import pq
 from django_outbox import outbox, store
 from django_outbox.models import Message
 from django_outbox.worker import Relay, RelayConfig
-from tests.support.database import connect_raw, direct_only, needs_session_listen, neighbour_transaction
+from tests.support.database import connect_raw, needs_session_listen, neighbour_transaction
 from tests.support.waiting import wait_for
 
 pytestmark = [pytest.mark.django_db(transaction=True), pytest.mark.usefixtures("postgres")]
@@ -251,7 +251,7 @@ def test_a_worker_of_another_topic_delivers_the_message_a_cancel_unblocked_witho
         thread.join(20)
 
 
-@direct_only
+@needs_session_listen
 def test_a_key_that_spans_topics_hands_off_to_the_worker_of_the_next_topic_at_once(handler):
     """Workers split by --topics: recording the head of a key wakes the worker serving its next message."""
     delivered = threading.Event()
