@@ -38,28 +38,28 @@ TABLE = "django_outbox_message"
 # Delivered history: keyed like a real application's (1,000 keys, so each key has a long past).
 DELIVERED = """
 INSERT INTO django_outbox_message (uuid, topic, key, payload, headers, status, attempts, max_attempts,
-    available_at, created_at, delivered_at, last_error, visible_after_xid)
+    available_at, created_at, delivered_at, last_error)
 SELECT md5(i::text || clock_timestamp()::text)::uuid, 'topic.' || (i %% 20), 'key-' || (i %% 1000),
        jsonb_build_object('order_id', i), '{}'::jsonb, 'delivered', 1, 5,
-       now() - interval '1 day', now() - interval '1 day', now() - interval '1 day', '', 1
+       now() - interval '1 day', now() - interval '1 day', now() - interval '1 day', ''
 FROM generate_series(1, %(n)s) AS i
 """
-# Claimable now: half keyed (one message per fresh key), half keyless; fenced long ago.
+# Claimable now: half keyed (one message per fresh key), half keyless.
 PENDING = """
 INSERT INTO django_outbox_message (uuid, topic, key, payload, headers, status, attempts, max_attempts,
-    available_at, created_at, last_error, visible_after_xid)
+    available_at, created_at, last_error)
 SELECT md5(i::text || clock_timestamp()::text)::uuid, 'topic.' || (i %% 20),
        CASE WHEN i %% 2 = 0 THEN 'fresh-' || i END, jsonb_build_object('order_id', i), '{}'::jsonb,
-       'pending', 0, 5, now() - interval '1 minute', now() - interval '1 minute', '', 1
+       'pending', 0, 5, now() - interval '1 minute', now() - interval '1 minute', ''
 FROM generate_series(1, %(n)s) AS i
 """
 BLOCKED = """
 INSERT INTO django_outbox_message (uuid, topic, key, payload, headers, status, attempts, max_attempts,
-    available_at, created_at, last_error, visible_after_xid)
+    available_at, created_at, last_error)
 SELECT md5(k::text || '-' || j::text || clock_timestamp()::text)::uuid, 'topic.1', 'blocked-' || k,
        '{}'::jsonb, '{}'::jsonb, CASE WHEN j = 0 THEN 'dead' ELSE 'pending' END,
        CASE WHEN j = 0 THEN 5 ELSE 0 END, 5, now() - interval '1 hour', now() - interval '1 hour',
-       CASE WHEN j = 0 THEN 'refused' ELSE '' END, 1
+       CASE WHEN j = 0 THEN 'refused' ELSE '' END
 FROM generate_series(1, 200) AS k, generate_series(0, %(followers)s) AS j
 ORDER BY k, j
 """

@@ -255,7 +255,7 @@ def send_batch(ctx: Context) -> Json:
             payloads = [{"order_id": order.pk, "item": order.item, "n": j} for j in range(100 if "100" in mode else 1)]
             if mode.startswith("send"):
                 if has_many:
-                    outbox.send_many([{"topic": "bench.noop", "payload": p} for p in payloads])  # type: ignore[attr-defined]
+                    outbox.send_many([{"topic": "bench.noop", "payload": p} for p in payloads])
                 else:
                     for p in payloads:
                         outbox.send("bench.noop", p)

@@ -8,21 +8,23 @@ import json
 import math
 import re
 import uuid
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Iterable, Mapping
 from typing import TYPE_CHECKING, Any, TypeVar
 
+from asgiref.sync import sync_to_async
 from django.conf import settings as django_settings
 from django.core.serializers.json import DjangoJSONEncoder
 from django.utils import timezone
 
 from .conf import get_settings
-from .exceptions import IdempotencyConflictError, PayloadTooLargeError
+from .exceptions import IdempotencyConflictError, OutboxError, PayloadTooLargeError
 from .limits import IDEMPOTENCY_KEY_MAX_LENGTH, KEY_MAX_LENGTH, PAYLOAD_MAX_DEPTH, TOPIC_MAX_LENGTH
 from .observability.propagation import trace_headers
 from .routing import Handler, registry, sending_transport
 
 if TYPE_CHECKING:
     from .models import Message
+    from .store import producing as store_types
 
 H = TypeVar("H", bound=Handler)
 
@@ -263,6 +265,129 @@ def _available_at(delay: object, available_at: object, now: dt.datetime) -> dt.d
     return now
 
 
+#: What each item of ``send_many()`` may hold: ``send()``'s arguments but ``using``, which is the call's.
+SEND_ARGUMENTS = frozenset(
+    {"topic", "payload", "key", "idempotency_key", "headers", "delay", "available_at", "max_attempts"}
+)
+
+
+def _prepare(
+    conf: Any,
+    topic: object,
+    payload: Any,
+    *,
+    key: object = None,
+    idempotency_key: object = None,
+    headers: object = None,
+    delay: object = None,
+    available_at: object = None,
+    max_attempts: object = None,
+    now: dt.datetime | None = None,
+) -> store_types.NewMessage:
+    """One message validated and encoded, ready to be written; raises on the first bad argument.
+
+    ``now``: the time the message counts as sent (``send_many()`` reads the clock once for the batch).
+    """
+    from . import store  # imported here: the package must be importable before apps are ready
+
+    topic = _check_name("topic", topic, TOPIC_MAX_LENGTH, optional=False)
+    key = _check_name("key", key, KEY_MAX_LENGTH, optional=True)
+    idempotency_key = _check_name("idempotency_key", idempotency_key, IDEMPOTENCY_KEY_MAX_LENGTH, optional=True)
+    if trace_headers is not None:  # opentelemetry-api installed
+        headers = trace_headers(headers)
+    headers_json = _check_headers(headers)
+    attempts: int
+    if max_attempts is None:
+        attempts = conf.MAX_ATTEMPTS
+    elif (
+        isinstance(max_attempts, bool)
+        or not isinstance(max_attempts, int)
+        or not 1 <= max_attempts <= MAX_ATTEMPTS_LIMIT
+    ):
+        raise ValueError(f"outbox.send(): max_attempts must be a positive integer, got {max_attempts!r}.")
+    else:
+        attempts = max_attempts
+    payload_json = _encode("payload", payload)
+    if len(payload_json) <= conf.MAX_PAYLOAD_BYTES:  # else refused below, without the work of _portable()
+        payload_json = _portable(payload_json)
+    if len(payload_json) > conf.MAX_PAYLOAD_BYTES:
+        raise PayloadTooLargeError(
+            f"outbox.send(): the payload of {topic!r} is {len(payload_json)} bytes as JSON; "
+            f"OUTBOX['MAX_PAYLOAD_BYTES'] is {conf.MAX_PAYLOAD_BYTES}. Store large data elsewhere and "
+            "send a reference to it."
+        )
+    if len(headers_json) > conf.MAX_PAYLOAD_BYTES - len(payload_json):
+        raise PayloadTooLargeError(
+            f"outbox.send(): the headers of {topic!r} are {len(headers_json)} bytes as JSON, which with "
+            f"the payload's {len(payload_json)} is over OUTBOX['MAX_PAYLOAD_BYTES'] ({conf.MAX_PAYLOAD_BYTES})."
+        )
+    now = timezone.now() if now is None else now
+    when = _available_at(delay, available_at, now)
+    # Without an explicit time, PostgreSQL schedules on its own clock: now plus the delay (store.insert).
+    delay_seconds = None if available_at is not None else (when - now).total_seconds()
+    assert topic is not None  # _check_name() returns a string for a required name
+    sending_transport(topic)
+    return store.NewMessage(
+        uuid=uuid.uuid4(),
+        topic=topic,
+        key=key,
+        payload_json=payload_json,
+        headers_json=headers_json,
+        idempotency_key=idempotency_key,
+        max_attempts=attempts,
+        available_at=when,
+        created_at=now,
+        delay_seconds=delay_seconds,
+    )
+
+
+def _alias(conf: Any, using: object, caller: str) -> str:
+    alias = conf.DATABASE if using is None else using
+    if not isinstance(alias, str) or alias not in django_settings.DATABASES:
+        raise ValueError(f"outbox.{caller}(): using={alias!r} is not a database in settings.DATABASES.")
+    return alias
+
+
+def _same_content(message: Message, new: store_types.NewMessage) -> bool:
+    """What makes a repeated idempotency key a repeat and not a conflict: the same topic, key and payload."""
+    return (
+        message.topic == new.topic
+        and message.key == new.key
+        and _same_json(message.payload, json.loads(new.payload_json))
+    )
+
+
+def _same_batch_content(first: store_types.NewMessage, later: store_types.NewMessage) -> bool:
+    return (
+        first.topic == later.topic
+        and first.key == later.key
+        and _same_json(json.loads(first.payload_json), json.loads(later.payload_json))
+    )
+
+
+def _conflict(caller: str, new: store_types.NewMessage, existing: Message) -> IdempotencyConflictError:
+    return IdempotencyConflictError(
+        f"outbox.{caller}(): idempotency_key {new.idempotency_key!r} already belongs to message {existing.uuid} "
+        f"(topic {existing.topic!r}, key {existing.key!r}) with other content; nothing was written. "
+        "A repeated key must come with the same topic, key and payload: derive the key from "
+        "everything that makes the message unique.",
+        existing=existing,
+    )
+
+
+def _item_error(exc: Exception, index: int) -> Exception:
+    """``exc`` raised for item ``index`` of ``send_many()``, saying so: the same class, the same text
+    after the item's number, chained to the original."""
+    text = str(exc).removeprefix("outbox.send(): ")
+    try:
+        error = type(exc)(f"outbox.send_many(): item {index}: {text}")
+    except TypeError:  # an error class with arguments of its own: keep it, and add the item's number
+        exc.add_note(f"outbox.send_many(): item {index}")
+        return exc
+    error.__cause__ = exc
+    return error
+
+
 class Outbox:
     """The public face of the outbox; ``django_outbox.outbox`` is the instance to use."""
 
@@ -286,76 +411,143 @@ class Outbox:
         topic, key and payload are the same, and raises ``IdempotencyConflictError`` otherwise (docs/api.md).
         """
         conf = get_settings()
-        topic = _check_name("topic", topic, TOPIC_MAX_LENGTH, optional=False)  # type: ignore[assignment]
-        key = _check_name("key", key, KEY_MAX_LENGTH, optional=True)
-        idempotency_key = _check_name("idempotency_key", idempotency_key, IDEMPOTENCY_KEY_MAX_LENGTH, optional=True)
-        if trace_headers is not None:  # opentelemetry-api installed
-            headers = trace_headers(headers)
-        headers_json = _check_headers(headers)
-        if max_attempts is None:
-            max_attempts = conf.MAX_ATTEMPTS
-        elif (
-            isinstance(max_attempts, bool)
-            or not isinstance(max_attempts, int)
-            or not 1 <= max_attempts <= MAX_ATTEMPTS_LIMIT
-        ):
-            raise ValueError(f"outbox.send(): max_attempts must be a positive integer, got {max_attempts!r}.")
-        alias = conf.DATABASE if using is None else using
-        if alias not in django_settings.DATABASES:
-            raise ValueError(f"outbox.send(): using={alias!r} is not a database in settings.DATABASES.")
-        payload_json = _encode("payload", payload)
-        if len(payload_json) <= conf.MAX_PAYLOAD_BYTES:  # else refused below, without the work of _portable()
-            payload_json = _portable(payload_json)
-        if len(payload_json) > conf.MAX_PAYLOAD_BYTES:
-            raise PayloadTooLargeError(
-                f"outbox.send(): the payload of {topic!r} is {len(payload_json)} bytes as JSON; "
-                f"OUTBOX['MAX_PAYLOAD_BYTES'] is {conf.MAX_PAYLOAD_BYTES}. Store large data elsewhere and "
-                "send a reference to it."
-            )
-        if len(headers_json) > conf.MAX_PAYLOAD_BYTES - len(payload_json):
-            raise PayloadTooLargeError(
-                f"outbox.send(): the headers of {topic!r} are {len(headers_json)} bytes as JSON, which with "
-                f"the payload's {len(payload_json)} is over OUTBOX['MAX_PAYLOAD_BYTES'] ({conf.MAX_PAYLOAD_BYTES})."
-            )
-        now = timezone.now()
-        when = _available_at(delay, available_at, now)
-        # Without an explicit time, PostgreSQL schedules on its own clock: now plus the delay (store.insert).
-        delay_seconds = None if available_at is not None else (when - now).total_seconds()
-        sending_transport(topic)
-        from . import store  # imported here: the package must be importable before apps are ready
-
-        message, created = store.insert(
-            alias,
-            store.NewMessage(
-                uuid=uuid.uuid4(),
-                topic=topic,
-                key=key,
-                payload_json=payload_json,
-                headers_json=headers_json,
-                idempotency_key=idempotency_key,
-                max_attempts=max_attempts,
-                available_at=when,
-                created_at=now,
-                delay_seconds=delay_seconds,
-            ),
-            # PostgreSQL folds the NOTIFYs of one transaction into one, and drops them on rollback.
-            notify=conf.NOTIFY_CHANNEL if conf.NOTIFY else None,
+        new = _prepare(
+            conf,
+            topic,
+            payload,
+            key=key,
+            idempotency_key=idempotency_key,
+            headers=headers,
+            delay=delay,
+            available_at=available_at,
+            max_attempts=max_attempts,
         )
-        if not created and not (
-            message.topic == topic and message.key == key and _same_json(message.payload, json.loads(payload_json))
-        ):
-            raise IdempotencyConflictError(
-                f"outbox.send(): idempotency_key {idempotency_key!r} already belongs to message {message.uuid} "
-                f"(topic {message.topic!r}, key {message.key!r}) with other content; nothing was written. "
-                "A repeated key must come with the same topic, key and payload: derive the key from "
-                "everything that makes the message unique.",
-                existing=message,
-            )
+        alias = _alias(conf, using, "send")
+        from . import store
+
+        # PostgreSQL folds the NOTIFYs of one transaction into one, and drops them on rollback.
+        message, created = store.insert(alias, new, notify=conf.NOTIFY_CHANNEL if conf.NOTIFY else None)
+        if not created and not _same_content(message, new):
+            raise _conflict("send", new, message)
         if created and conf.EAGER:  # tests only: delivered in this process once the transaction commits
             from .testing.eager import deliver_at_commit
 
             deliver_at_commit(alias, [message.id])
         return message
+
+    def send_many(self, messages: Iterable[Mapping[str, Any]], *, using: str | None = None) -> list[Message]:
+        """Write many messages in the current transaction of ``using`` with one ``INSERT``; one
+        ``Message`` per item, in order.
+
+        Each item is a dict of ``send()``'s keyword arguments (``topic`` and ``payload`` required). Every
+        item is validated before anything is written: a bad one raises, naming its index, and writes
+        nothing. Idempotency as with ``send()`` called for each item in turn: a key already stored
+        returns the stored message (or raises ``IdempotencyConflictError`` for other content, and then
+        nothing of the batch is written); a key repeated within the batch with the same content is
+        written once and returned at each of its places, with other content it raises (``existing``
+        is None then). Keys are locked in one fixed order (docs/ordering.md), so two ``send_many()``
+        calls with overlapping keys cannot deadlock each other.
+        """
+        conf = get_settings()
+        refused = TypeError(
+            "outbox.send_many(): pass a list of dicts, one per message, not "
+            f"{type(messages).__name__}; for one message, call send()."
+        )
+        if isinstance(messages, Mapping | str | bytes):
+            raise refused
+        try:
+            items = iter(messages)
+        except TypeError:
+            raise refused from None
+        news: list[store_types.NewMessage] = []
+        now = timezone.now()
+        for index, item in enumerate(items):
+            if not isinstance(item, Mapping):
+                raise TypeError(
+                    f"outbox.send_many(): item {index} must be a dict of send()'s arguments, not {type(item).__name__}."
+                )
+            unknown = set(item) - SEND_ARGUMENTS
+            if unknown:
+                where = " (it is an argument of send_many() itself)" if unknown == {"using"} else ""
+                raise TypeError(
+                    f"outbox.send_many(): item {index} has unknown argument(s) {sorted(map(str, unknown))}{where}; "
+                    f"each item takes {', '.join(sorted(SEND_ARGUMENTS))}."
+                )
+            missing = {"topic", "payload"} - set(item)
+            if missing:
+                raise TypeError(f"outbox.send_many(): item {index} lacks {', '.join(sorted(missing))}.")
+            try:
+                news.append(_prepare(conf, **item, now=now))
+            except (TypeError, ValueError, OutboxError) as exc:
+                raise _item_error(exc, index) from exc
+        alias = _alias(conf, using, "send_many")
+        # A key repeated within the batch: the first place writes, the later ones repeat it.
+        first_of: dict[str, int] = {}
+        same_as: list[int] = []
+        for index, new in enumerate(news):
+            holder = first_of.setdefault(new.idempotency_key, index) if new.idempotency_key is not None else index
+            if holder != index and not _same_batch_content(news[holder], new):
+                raise IdempotencyConflictError(
+                    f"outbox.send_many(): item {index} repeats the idempotency_key {new.idempotency_key!r} of "
+                    f"item {holder} with other content; nothing was written. A repeated key must come "
+                    "with the same topic, key and payload.",
+                    existing=None,
+                )
+            same_as.append(holder)
+        if not news:
+            return []
+        from . import store
+
+        unique = [new for index, new in enumerate(news) if same_as[index] == index]
+        written = store.insert_many(
+            alias,
+            unique,
+            notify=conf.NOTIFY_CHANNEL if conf.NOTIFY else None,
+            check=lambda message, new: None if _same_content(message, new) else _conflict("send_many", new, message),
+        )
+        by_uuid = {new.uuid: message for new, (message, _) in zip(unique, written, strict=True)}
+        created = [message.id for message, was_created in written if was_created]
+        if created and conf.EAGER:  # tests only, as in send()
+            from .testing.eager import deliver_at_commit
+
+            deliver_at_commit(alias, created)
+        return [by_uuid[news[holder].uuid] for holder in same_as]
+
+    async def asend(
+        self,
+        topic: str,
+        payload: Any,
+        *,
+        key: str | None = None,
+        idempotency_key: str | None = None,
+        headers: Mapping[str, str] | None = None,
+        delay: dt.timedelta | float | None = None,
+        available_at: dt.datetime | None = None,
+        max_attempts: int | None = None,
+        using: str | None = None,
+    ) -> Message:
+        """``send()`` for ``async def`` code: the same arguments, validation and result.
+
+        It runs ``send()`` through ``sync_to_async`` (thread-sensitive), so it writes on the connection
+        Django's async ORM uses, and joins the transaction open there: none in a plain async view, so the
+        message is committed at once on its own; the caller's ``atomic()`` when called, through
+        ``async_to_sync``, from sync code that holds one (docs/async.md).
+        """
+        return await sync_to_async(self.send, thread_sensitive=True)(
+            topic,
+            payload,
+            key=key,
+            idempotency_key=idempotency_key,
+            headers=headers,
+            delay=delay,
+            available_at=available_at,
+            max_attempts=max_attempts,
+            using=using,
+        )
+
+    async def asend_many(self, messages: Iterable[Mapping[str, Any]], *, using: str | None = None) -> list[Message]:
+        """``send_many()`` for ``async def`` code, on the same terms as ``asend()``."""
+        return await sync_to_async(self.send_many, thread_sensitive=True)(messages, using=using)
 
     def handler(self, pattern: str) -> Callable[[H], H]:
         """Register a function that the worker calls with each ``Message`` of a matching topic.

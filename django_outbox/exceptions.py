@@ -45,10 +45,11 @@ class IdempotencyConflictError(OutboxError, ValueError):
 
     Returning the first message would drop the second one silently; the key was reused by mistake (a
     key derived from too little), so the caller must hear of it. Nothing was written, and the caller's
-    transaction is still usable. ``existing`` is the stored message that holds the key.
+    transaction is still usable. ``existing`` is the stored message that holds the key, or None when
+    the holder is an earlier item of the same ``send_many()`` call (which was not written either).
     """
 
-    def __init__(self, message: str, *, existing: Message) -> None:
+    def __init__(self, message: str, *, existing: Message | None) -> None:
         super().__init__(message)
         self.existing = existing
 

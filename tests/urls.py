@@ -4,7 +4,7 @@ from django.urls import include, path
 from django.views.decorators.csrf import csrf_exempt
 
 from testproject.urls import urlpatterns as demo_urlpatterns
-from tests.probe import views
+from tests.probe import async_views, views
 
 urlpatterns = [
     *demo_urlpatterns,
@@ -22,4 +22,6 @@ urlpatterns = [
     path("probe/upload-exempt/", views.upload_exempt),
     path("probe/upload-plain-exempt/", views.upload_plain_exempt),
     path("probe/upload-to-disk/", views.upload_to_disk),
+    path("probe/async-send/", async_views.async_send),
+    path("probe/async-send-invalid/", async_views.async_send_invalid),
 ]

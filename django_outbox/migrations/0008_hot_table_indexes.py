@@ -36,7 +36,7 @@ def reset_fillfactor(apps, schema_editor):
 class Migration(migrations.Migration):
 
     dependencies = [
-        ('django_outbox', '0006_message_content_permission'),
+        ('django_outbox', '0007_drop_commit_order_fence'),
     ]
 
     operations = [

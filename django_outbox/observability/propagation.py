@@ -15,7 +15,8 @@ from collections.abc import Callable, Mapping
 TRACEPARENT = "traceparent"
 TRACESTATE = "tracestate"
 
-HeaderInjector = Callable[[Mapping[str, str] | None], Mapping[str, str] | None]
+#: Takes what the caller passed as ``headers`` (not validated yet) and returns what send() validates.
+HeaderInjector = Callable[[object], object]
 
 
 def _injector() -> HeaderInjector | None:
@@ -26,7 +27,7 @@ def _injector() -> HeaderInjector | None:
         return None
     propagator = TraceContextTextMapPropagator()  # only traceparent and tracestate: no baggage in a stored row
 
-    def inject(headers: Mapping[str, str] | None) -> Mapping[str, str] | None:
+    def inject(headers: object) -> object:
         if not trace.get_current_span().get_span_context().is_valid:
             return headers
         if headers is not None and not isinstance(headers, Mapping):

@@ -5,8 +5,9 @@ The worker never builds a query: it calls these functions (``from django_outbox 
 an ack is one round trip and no transaction outlives the function. The store decides nothing: what a
 failure means (retry when, or give up) is the worker's policy, handed in as an ``Outcome``.
 
-- ``producing``: ``insert`` (``send()``);
-- ``claiming``: ``claim``, ``claim_sql``, ``next_due``, ``work_in_progress``, ``held_by_the_fence``;
+- ``producing``: ``insert`` (``send()``), ``insert_many`` (``send_many()``), ``KEY_LOCK_CLASS`` (the
+  advisory lock a keyed send takes);
+- ``claiming``: ``claim``, ``claim_sql``, ``next_due``, ``work_in_progress``;
 - ``recording``: ``record`` and ``Outcome``;
 - ``leases``: ``release``, ``extend_leases``, ``reap``;
 - ``workers``: ``heartbeat``, ``database_now``;
@@ -19,12 +20,9 @@ failure means (retry when, or give up) is the worker's policy, handed in as an `
 from .actions import ActionResult, cancel, requeue_dead, retry
 from .claiming import (
     ATTEMPTS_MAX,
-    FENCE_BATCH,
-    FENCE_RECHECK,
     blocking_statuses,
     claim,
     claim_sql,
-    held_by_the_fence,
     next_due,
     work_in_progress,
 )
@@ -44,7 +42,7 @@ from .db import (
 )
 from .leases import Reaped, extend_leases, reap, release
 from .notify import notify_now, notify_on_commit
-from .producing import NewMessage, insert
+from .producing import KEY_LOCK_CLASS, NewMessage, insert, insert_many
 from .recording import MAX_RETRY_DELAY_SECONDS, Outcome, record, retry_seconds
 from .rows import COLUMNS
 from .workers import WorkerBeat, database_now, heartbeat
@@ -58,8 +56,7 @@ __all__ = [
     "COLUMNS",
     "DEAD",
     "DELIVERED",
-    "FENCE_BATCH",
-    "FENCE_RECHECK",
+    "KEY_LOCK_CLASS",
     "MAX_RETRY_DELAY_SECONDS",
     "MESSAGE",
     "PENDING",
@@ -78,8 +75,8 @@ __all__ = [
     "database_now",
     "extend_leases",
     "heartbeat",
-    "held_by_the_fence",
     "insert",
+    "insert_many",
     "next_due",
     "notify_now",
     "notify_on_commit",

@@ -52,32 +52,17 @@ def claim(
     """Lease up to ``limit`` due messages to ``worker`` and count the attempt; committed on return.
 
     A keyed message is claimed only at the head of its key (see ``claim_sql``), so a batch holds at most
-    one message per key. On PostgreSQL a claim that fenced newly visible keyed messages and came back
-    short looks once more: those messages usually became claimable the moment the first statement ended.
-    ``ids`` limits the claim to those messages (``OUTBOX["EAGER"]`` delivers what one transaction sent);
-    the head-of-key rule still looks at every message, so a keyed one behind another stays behind it.
+    one message per key. ``ids`` limits the claim to those messages (``OUTBOX["EAGER"]`` delivers what
+    one transaction sent); the head-of-key rule still looks at every message, so a keyed one behind
+    another stays behind it.
     """
     conn = connection(alias)
-    messages, fenced = unprepared_on_loss(
+    messages = unprepared_on_loss(
         conn,
         lambda: _claim_once(
             alias, conn, worker=worker, limit=limit, lease_seconds=lease_seconds, topics=topics, ids=ids
         ),
     )
-    if fenced and len(messages) < limit:
-        more, _ = unprepared_on_loss(
-            conn,
-            lambda: _claim_once(
-                alias,
-                conn,
-                worker=worker,
-                limit=limit - len(messages),
-                lease_seconds=lease_seconds,
-                topics=topics,
-                ids=ids,
-            ),
-        )
-        messages += more
     messages.sort(key=lambda m: m.id)
     return messages
 
@@ -104,13 +89,11 @@ def claim_sql(
     only when no earlier row of its key is open (pending, processing, or dead under ORDERING "block"),
     probed on the partial index of open keyed rows; keyless rows skip both tests.
 
-    PostgreSQL adds a fence, because ids are taken at insert but rows appear at commit: a lower id of the
-    same key may still be invisible in an open transaction. The statement first stamps keyed rows it sees
-    for the first time with the claiming transaction's own id (assigned after every id already in use; the
-    snapshot's xmax is only "latest completed + 1", below ids still running, so it would not do); every
-    transaction that could hold a lower id of their key was running by then, and had its id (insert()
-    takes it before the row id). A stamped row is claimable once the snapshot's xmin has reached the stamp:
-    no transaction below it is still running, so any lower id of its key is visible or rolled back.
+    No fence for rows still invisible: ids are taken at insert and rows appear at commit, but on
+    PostgreSQL ``send()`` takes the key's advisory lock before the row's id and holds it to the end of
+    its transaction, so a later id of a key is never committed while an earlier one is still open
+    (``producing._insert_sql``, docs/ordering.md). SQLite has one writer at a time, whose ids are in
+    commit order anyway.
 
     On PostgreSQL "due" and the lease's end are the server's ``statement_timestamp()`` (plus the lease's
     seconds): a worker whose clock is off neither claims early nor leases for minutes too long or short.
@@ -154,7 +137,7 @@ def _claim_text(pg: bool, topic_sql: str, blocking: tuple[str, ...]) -> str:
         return (
             f"UPDATE {MESSAGE} SET {set_lease}, attempts = {_next_attempt('attempts')}"
             f" WHERE id IN (SELECT c.id FROM {MESSAGE} AS c WHERE c.status = {pending} AND c.available_at <= %s"
-            f"{topic_sql} AND (c.key IS NULL OR {head}) ORDER BY c.id LIMIT %s) RETURNING {COLUMNS}, 0"
+            f"{topic_sql} AND (c.key IS NULL OR {head}) ORDER BY c.id LIMIT %s) RETURNING {COLUMNS}"
         )
     # The claim's commit waits for the disk like any other. Committing it asynchronously saved ~0.2 ms
     # per claim, but a crash could then forget a claim whose attempt number the record's fence relies
@@ -162,20 +145,13 @@ def _claim_text(pg: bool, topic_sql: str, blocking: tuple[str, ...]) -> str:
     # delivery land on the second's lease (docs/performance.md, rejected optimisations).
     set_lease = f"status = {processing}, locked_by = %s, locked_until = {SERVER_NOW} + %s * interval '1 second'"
     return (
-        f"WITH fence AS (UPDATE {MESSAGE} SET visible_after_xid ="
-        f" (SELECT pg_current_xact_id()::text::bigint)"
-        f" WHERE id IN (SELECT id FROM {MESSAGE} WHERE status = {pending} AND key IS NOT NULL"
-        f" AND visible_after_xid IS NULL ORDER BY id LIMIT {FENCE_BATCH} FOR UPDATE SKIP LOCKED) RETURNING 1),"
-        f" picked AS MATERIALIZED (SELECT c.id FROM {MESSAGE} AS c"
+        f"WITH picked AS MATERIALIZED (SELECT c.id FROM {MESSAGE} AS c"
         f" WHERE c.status = {pending} AND c.available_at <= {SERVER_NOW}{topic_sql}"
-        f" AND (c.key IS NULL OR (c.visible_after_xid"
-        f" <= (SELECT pg_snapshot_xmin(pg_current_snapshot())::text::bigint) AND {head}))"
-        f" ORDER BY c.id LIMIT %s FOR UPDATE OF c SKIP LOCKED),"
-        f" claimed AS (UPDATE {MESSAGE} AS m SET {set_lease},"
+        f" AND (c.key IS NULL OR {head})"
+        f" ORDER BY c.id LIMIT %s FOR UPDATE OF c SKIP LOCKED)"
+        f" UPDATE {MESSAGE} AS m SET {set_lease},"
         f" attempts = {_next_attempt('m.attempts')} FROM picked WHERE m.id = picked.id"
-        f" RETURNING {', '.join('m.' + c for c in COLUMN_NAMES)})"
-        f" SELECT claimed.*, (SELECT count(*) FROM fence)"
-        f" FROM (SELECT 1) AS one LEFT JOIN claimed ON true"
+        f" RETURNING {', '.join('m.' + c for c in COLUMN_NAMES)}"
     )
 
 
@@ -190,10 +166,6 @@ def _next_attempt(column: str) -> str:
     return f"CASE WHEN {column} < {ATTEMPTS_MAX} THEN {column} + 1 ELSE {column} END"
 
 
-#: Keyed rows one claim stamps at most; each is stamped once in its life.
-FENCE_BATCH = 1000
-
-
 def _claim_once(
     alias: str,
     conn: BaseDatabaseWrapper,
@@ -203,14 +175,13 @@ def _claim_once(
     lease_seconds: float,
     topics: Sequence[str] | None,
     ids: Sequence[int] | None = None,
-) -> tuple[list[Message], int]:
+) -> list[Message]:
     sql, params = claim_sql(conn, worker=worker, limit=limit, lease_seconds=lease_seconds, topics=topics, ids=ids)
     with worker_cursor(conn) as cursor:
         with walking_plan(conn):
             cursor.execute(sql, params)
         rows = cursor.fetchall()
-    fenced = int(rows[0][-1]) if rows and is_pg(conn) else 0
-    return to_messages(alias, conn, (row[:-1] for row in rows if row[0] is not None)), fenced
+    return to_messages(alias, conn, rows)
 
 
 _PLAN_AS_A_WALK = (
@@ -252,15 +223,9 @@ def walking_plan(conn: BaseDatabaseWrapper) -> Iterator[None]:
         yield
 
 
-#: How soon an idle worker looks again while a due keyed message waits only for the commit-order fence:
-#: it becomes claimable when older transactions end, and nothing announces that.
-FENCE_RECHECK = dt.timedelta(milliseconds=100)
-
-
 def next_due(alias: str, *, topics: Sequence[str] | None = None) -> float | None:
     """Seconds until an idle worker should look again: until the earliest future ``available_at`` of a
-    pending message, or, on PostgreSQL, ``FENCE_RECHECK`` while a due keyed message waits only for the
-    fence. None when nothing is scheduled.
+    pending message. None when nothing is scheduled.
 
     On PostgreSQL the wait is measured on the server's clock, which the claim's "due" test uses, so a
     worker sleeps the right time whatever its own clock says.
@@ -276,9 +241,7 @@ def next_due(alias: str, *, topics: Sequence[str] | None = None) -> float | None
             f"SELECT extract(epoch FROM MIN(available_at) - {SERVER_NOW})::float8 FROM {MESSAGE}"
             f" WHERE status = %s AND available_at > {SERVER_NOW}{topic_sql}"
         )
-        fenced_sql, fenced_params = _fenced_heads_sql(conn, topics)
-        sql = f"SELECT ({sql}), EXISTS ({fenced_sql})"
-        params: list[Any] = [PENDING, *topic_params, *fenced_params]
+        params: list[Any] = [PENDING, *topic_params]
     else:
         sql = f"SELECT MIN(available_at) FROM {MESSAGE} WHERE status = %s AND available_at > %s{topic_sql}"
         params = [PENDING, prep_dt(conn, now), *topic_params]
@@ -286,75 +249,26 @@ def next_due(alias: str, *, topics: Sequence[str] | None = None) -> float | None
         cursor.execute(sql, params)
         row = cursor.fetchone()
     value = row[0] if row else None
-    wait: float | None
     if value is None:
-        wait = None
-    elif pg:
-        wait = max(0.0, float(value))
-    else:
-        if isinstance(value, str):  # SQLite returns the stored text for an aggregate
-            from django.utils.dateparse import parse_datetime
+        return None
+    if pg:
+        return max(0.0, float(value))
+    if isinstance(value, str):  # SQLite returns the stored text for an aggregate
+        from django.utils.dateparse import parse_datetime
 
-            value = parse_datetime(value)
-        if value is not None and settings.USE_TZ and timezone.is_naive(value):  # SQLite's text is UTC
-            value = timezone.make_aware(value, dt.UTC)
-        wait = None if value is None or now is None else max(0.0, (value - now).total_seconds())
-    if row is not None and len(row) > 1 and row[1]:
-        recheck = FENCE_RECHECK.total_seconds()
-        wait = recheck if wait is None else min(wait, recheck)
-    return wait
-
-
-def _fenced_heads_sql(
-    conn: BaseDatabaseWrapper, topics: Sequence[str] | None, ids: Sequence[int] | None = None
-) -> tuple[str, list[Any]]:
-    """PostgreSQL: a due keyed message at the head of its key that only the commit-order fence holds
-    back (not yet stamped, or stamped above the oldest running transaction); of ``ids`` if given."""
-    topic_sql, params = topic_filter(topics, column="c.topic")
-    topic_params: list[Any] = list(params)
-    if ids is not None:
-        topic_sql += " AND c.id = ANY(%s)"
-        topic_params = [*topic_params, [int(i) for i in ids]]
-    blocking = blocking_statuses()
-    sql = (
-        f"SELECT 1 FROM {MESSAGE} AS c WHERE c.status = %s AND c.available_at <= {SERVER_NOW}{topic_sql}"
-        f" AND c.key IS NOT NULL"
-        f" AND (c.visible_after_xid IS NULL"
-        f" OR c.visible_after_xid > pg_snapshot_xmin(pg_current_snapshot())::text::bigint)"
-        f" AND NOT EXISTS (SELECT 1 FROM {MESSAGE} AS b WHERE b.key = c.key AND b.id < c.id"
-        f" AND b.status IN ({', '.join(['%s'] * len(blocking))})) LIMIT 1"
-    )
-    return sql, [PENDING, *topic_params, *blocking]
+        value = parse_datetime(value)
+    if value is not None and settings.USE_TZ and timezone.is_naive(value):  # SQLite's text is UTC
+        value = timezone.make_aware(value, dt.UTC)
+    return None if value is None or now is None else max(0.0, (value - now).total_seconds())
 
 
 def work_in_progress(alias: str, *, topics: Sequence[str] | None = None) -> bool:
-    """Whether a worker that found nothing to claim must still wait rather than call the outbox empty.
-
-    True while a message is being processed (it may fail and come back), and on PostgreSQL while a due
-    keyed message at the head of its key waits only for the commit-order fence: it becomes claimable as
-    soon as the transactions that were open when it was first seen have ended. Messages scheduled for
-    later, or held behind an earlier message of their key, do not count.
+    """Whether a worker that found nothing to claim must still wait rather than call the outbox empty:
+    while a message is being processed (it may fail and come back). Messages scheduled for later, or
+    held behind an earlier message of their key, do not count.
     """
     conn = connection(alias)
     topic_sql, topic_params = topic_filter(topics)
     with conn.cursor() as cursor:
         cursor.execute(f"SELECT 1 FROM {MESSAGE} WHERE status = %s{topic_sql} LIMIT 1", [PROCESSING, *topic_params])
-        if cursor.fetchone() is not None:
-            return True
-        if not is_pg(conn):
-            return False
-        fenced_sql, fenced_params = _fenced_heads_sql(conn, topics)
-        cursor.execute(fenced_sql, fenced_params)
-        return cursor.fetchone() is not None
-
-
-def held_by_the_fence(alias: str, ids: Sequence[int]) -> bool:
-    """PostgreSQL: whether one of ``ids`` is a due head of its key that waits only for the commit-order
-    fence (``OUTBOX["EAGER"]`` waits a little for it); always False on SQLite, which has no fence."""
-    conn = connection(alias)
-    if not ids or not is_pg(conn):
-        return False
-    sql, params = _fenced_heads_sql(conn, None, ids)
-    with conn.cursor() as cursor:
-        cursor.execute(sql, params)
         return cursor.fetchone() is not None

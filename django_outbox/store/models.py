@@ -68,10 +68,6 @@ class Message(models.Model):
     locked_by = models.CharField(max_length=WORKER_ID_MAX_LENGTH, null=True, blank=True)  # noqa: DJ001
     locked_until = models.DateTimeField(null=True, blank=True)
     last_error = models.TextField(blank=True, default="")
-    # PostgreSQL, keyed messages only: set by the first claim that sees the row, to the first transaction
-    # id not yet assigned then. The message is claimable once no transaction below it is still running,
-    # so it cannot overtake a lower id of its key whose transaction is still open (see docs/ordering.md).
-    visible_after_xid = models.BigIntegerField(null=True, blank=True, editable=False)
 
     class Meta:
         ordering = ["-id"]
@@ -127,12 +123,6 @@ class Message(models.Model):
                 fields=["key", "id"],
                 name="outbox_msg_key_open_idx",
                 condition=models.Q(key__isnull=False, status__in=["pending", "processing", "dead"]),
-            ),
-            # Keyed rows no claim has fenced yet (PostgreSQL): a handful at any time.
-            models.Index(
-                fields=["id"],
-                name="outbox_msg_unfenced_idx",
-                condition=models.Q(status="pending", key__isnull=False, visible_after_xid__isnull=True),
             ),
             # Housekeeping takes finished messages oldest first and stops at the cutoff.
             models.Index(

@@ -2,19 +2,24 @@
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import datetime as dt
 import functools
 import json
+import sqlite3
 import uuid as uuid_module
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
-from typing import Literal
+from typing import Any, Literal
 
 from django.conf import settings
+from django.db import transaction
+from django.db.backends.base.base import BaseDatabaseWrapper
 
 from .db import MESSAGE, PENDING, connection, is_pg, prep_dt, prep_uuid
 from .models import Message
-from .rows import ATTNAMES, COLUMNS, instance_builder, to_message
+from .rows import ATTNAMES, COLUMNS, instance_builder, to_message, to_messages
 
 
 @dataclass(frozen=True, kw_only=True, slots=True)
@@ -66,6 +71,8 @@ def insert(alias: str, new: NewMessage, *, notify: str | None = None) -> tuple[M
         params.append(float(new.delay_seconds))
     else:
         schedule = "now"
+    if pg and new.key is not None:
+        params.append(new.key)  # the key's lock, taken before the row's id (see _insert_sql)
     notifying = notify is not None and pg
     if notifying:
         params.append(notify)
@@ -103,14 +110,23 @@ _Schedule = Literal["given", "now", "delay"]
 _LAST_PYTHON_TIME = "timestamptz '9999-12-31 23:59:59.999999+00'"
 
 
+#: The first half of the two-int advisory lock a keyed ``send()`` takes on PostgreSQL
+#: (``pg_advisory_xact_lock(KEY_LOCK_CLASS, hashtext(key))``): "outb" in ASCII, so the outbox's locks
+#: stand apart from an application's own in ``pg_locks`` and do not collide with its one-bigint ones.
+KEY_LOCK_CLASS = 0x6F757462
+
+
 @functools.cache
 def _insert_sql(pg: bool, *, keyed: bool, idempotent: bool, notify: bool, schedule: _Schedule = "given") -> str:
-    # PostgreSQL, keyed messages: the subquery row, computed and filtered before the identity default is
-    # projected over it, gives the transaction its id before the row takes its own. Per-key ordering
-    # relies on that (docs/ordering.md); a message without a key is not ordered, and is spared the
-    # subquery. OFFSET 0 and the filter keep the planner from dropping the (stable) call.
-    xact_first = " FROM (SELECT pg_current_xact_id() AS xid OFFSET 0) AS xact WHERE xact.xid IS NOT NULL"
-    xact_first = xact_first if pg and keyed else ""
+    # PostgreSQL, keyed messages: the row is projected over a subquery that takes the key's advisory lock
+    # for the rest of the transaction, so the lock comes before the identity default gives the row its
+    # id. A second sender of the key waits there until the first transaction ends: a key's ids are taken
+    # in the order their transactions commit, and a worker never sees a later id of a key while an
+    # earlier one is still invisible (docs/ordering.md). In autocommit the statement is the transaction,
+    # so the lock is released the moment the row is committed. OFFSET 0 keeps the subquery (and its
+    # volatile call) where it is. A message without a key is not ordered, and takes no lock.
+    lock_first = f" FROM (SELECT pg_advisory_xact_lock({KEY_LOCK_CLASS}, hashtext(%s)) OFFSET 0) AS key_lock"
+    lock_first = lock_first if pg and keyed else ""
     jsonb = "%s::jsonb" if pg else "%s"
     # The conflict target names the partial unique index by its column and predicate.
     conflict = " ON CONFLICT (idempotency_key) WHERE idempotency_key IS NOT NULL DO NOTHING" if idempotent else ""
@@ -129,7 +145,7 @@ def _insert_sql(pg: bool, *, keyed: bool, idempotent: bool, notify: bool, schedu
     sql = (
         f"INSERT INTO {MESSAGE} (uuid, topic, key, payload, headers, idempotency_key, status, attempts,"
         f" max_attempts, available_at, created_at, last_error)"
-        f" SELECT %s, %s, %s, {jsonb}, {jsonb}, %s, '{PENDING}', 0, %s, {times}, ''{xact_first}{conflict}"
+        f" SELECT %s, %s, %s, {jsonb}, {jsonb}, %s, '{PENDING}', 0, %s, {times}, ''{lock_first}{conflict}"
         f" RETURNING {returning}"
     )
     if notify:
@@ -137,12 +153,217 @@ def _insert_sql(pg: bool, *, keyed: bool, idempotent: bool, notify: bool, schedu
     return sql
 
 
+#: Columns bound per row of ``insert_many()``'s statement on SQLite.
+_SQLITE_PARAMS_PER_ROW = 9
+
+
+def insert_many(
+    alias: str,
+    news: Sequence[NewMessage],
+    *,
+    notify: str | None = None,
+    check: Callable[[Message, NewMessage], Exception | None],
+) -> list[tuple[Message, bool]]:
+    """Write pending messages in the caller's transaction with one ``INSERT``; (message, created) per item.
+
+    The items' idempotency keys are distinct (``send_many()`` folds repeats). A key already stored is
+    handed to ``check`` with the stored message: it returns the error to raise for a conflict, and then
+    nothing of the batch stays written. On PostgreSQL the rows travel as one array per column
+    (``unnest``), so the statement has the same dozen parameters for any number of rows; every key of
+    the batch is locked first, once each, in the order of its lock's number, before any row takes its
+    id (``_insert_sql``), and the rows take their ids in the batch's order. SQLite binds each value: a
+    batch larger than the connection's limit on bound variables (``SQLITE_LIMIT_VARIABLE_NUMBER``, 32766
+    by default since SQLite 3.32) is written in several statements of as many rows as fit.
+    """
+    conn = connection(alias)
+    pg = is_pg(conn)
+    rows_per_statement = len(news) or 1
+    if not pg:
+        rows_per_statement = max(1, _sqlite_variable_limit(conn) // _SQLITE_PARAMS_PER_ROW)
+    # The batch must stay whole: a conflict found after the INSERT, or a failing later statement,
+    # takes back what was written (a savepoint in the caller's transaction, a transaction in autocommit).
+    whole = any(new.idempotency_key is not None for new in news) or len(news) > rows_per_statement
+    with transaction.atomic(using=alias) if whole else contextlib.nullcontext():
+        return _insert_many(alias, conn, pg, news, notify, check, rows_per_statement)
+
+
+def _insert_many(
+    alias: str,
+    conn: BaseDatabaseWrapper,
+    pg: bool,
+    news: Sequence[NewMessage],
+    notify: str | None,
+    check: Callable[[Message, NewMessage], Exception | None],
+    rows_per_statement: int,
+) -> list[tuple[Message, bool]]:
+    results: dict[uuid_module.UUID, tuple[Message, bool]] = {}
+    pending = list(news)
+    build = instance_builder(alias)
+    with conn.cursor() as cursor:
+        for _ in range(_INSERT_TRIES):
+            for start in range(0, len(pending), rows_per_statement):
+                chunk = pending[start : start + rows_per_statement]
+                sql, params = _insert_many_sql(conn, pg, chunk, notify)
+                cursor.execute(sql, params)
+                rows = cursor.fetchall()
+                written = {_as_uuid(row[0]): row for row in rows}
+                # PostgreSQL: the server's times, as for send(); the statement's one created_at comes in
+                # the first row only, and available_at only where it differs (fewer values to convert).
+                created_at = next((row[3] for row in rows if row[3] is not None), None) if pg else None
+                for new in chunk:
+                    row = written.get(new.uuid)
+                    if row is not None:
+                        times = (created_at, row[2] or created_at) if created_at is not None else None
+                        results[new.uuid] = (_new_message(alias, int(row[1]), new, build, times), True)
+            skipped = [new for new in pending if new.uuid not in results]
+            if not skipped:
+                break
+            keys = [new.idempotency_key for new in skipped]
+            where = "idempotency_key = ANY(%s)" if pg else "idempotency_key IN (SELECT value FROM json_each(%s))"
+            cursor.execute(f"SELECT {COLUMNS} FROM {MESSAGE} WHERE {where}", [keys if pg else json.dumps(keys)])
+            stored = {message.idempotency_key: message for message in to_messages(alias, conn, cursor.fetchall())}
+            for new in skipped:
+                holder = stored.get(new.idempotency_key)
+                if holder is not None:
+                    error = check(holder, new)
+                    if error is not None:
+                        raise error
+                    results[new.uuid] = (holder, False)
+            # A holder that left the table in between (archived, deleted, rolled back) freed its key.
+            pending = [new for new in skipped if new.uuid not in results]
+            if not pending:
+                break
+        else:  # pragma: no cover - only if a key is taken and freed again on every try
+            raise RuntimeError(
+                f"outbox.send_many(): idempotency keys {[n.idempotency_key for n in pending][:5]} were taken "
+                f"and freed {_INSERT_TRIES} times while these messages were written; send again"
+            )
+    return [results[new.uuid] for new in news]
+
+
+def _as_uuid(value: Any) -> uuid_module.UUID:
+    return value if isinstance(value, uuid_module.UUID) else uuid_module.UUID(str(value))
+
+
+def _sqlite_variable_limit(conn: BaseDatabaseWrapper) -> int:
+    conn.ensure_connection()
+    return int(conn.connection.getlimit(sqlite3.SQLITE_LIMIT_VARIABLE_NUMBER))
+
+
+def _insert_many_sql(
+    conn: BaseDatabaseWrapper, pg: bool, news: Sequence[NewMessage], notify: str | None
+) -> tuple[str, list[Any]]:
+    idempotent = any(new.idempotency_key is not None for new in news)
+    if pg:
+        params: list[Any] = [_batch_document(conn, news)]
+        notifying = notify is not None
+        if notifying:
+            params.append(notify)
+        keyed = any(new.key is not None for new in news)
+        return _insert_many_pg_sql(keyed=keyed, idempotent=idempotent, notify=notifying), params
+    values = []
+    params = []
+    for new in news:
+        values.append(f"(%s, %s, %s, %s, %s, %s, '{PENDING}', 0, %s, %s, %s, '')")
+        params += [
+            prep_uuid(conn, new.uuid),
+            new.topic,
+            new.key,
+            new.payload_json,
+            new.headers_json,
+            new.idempotency_key,
+            new.max_attempts,
+            prep_dt(conn, new.available_at),
+            prep_dt(conn, new.created_at),
+        ]
+    conflict = " ON CONFLICT (idempotency_key) WHERE idempotency_key IS NOT NULL DO NOTHING" if idempotent else ""
+    sql = (
+        f"INSERT INTO {MESSAGE} (uuid, topic, key, payload, headers, idempotency_key, status, attempts,"
+        f" max_attempts, available_at, created_at, last_error) VALUES {', '.join(values)}{conflict}"
+        " RETURNING uuid, id"
+    )
+    return sql, params
+
+
+def _batch_document(conn: BaseDatabaseWrapper, news: Sequence[NewMessage]) -> str:
+    """The batch as one JSON array of rows (each an array, in the statement's column order), encoded in
+    one call. One text parameter: arrays bound one per column cost psycopg about 100 µs per message to
+    quote (client-side binding, Django's default), more than the rows cost the server. Payloads and
+    headers travel as their JSON text, which the server parses as ``send()``'s ``%s::jsonb`` does."""
+    return _ENCODER.encode(
+        [
+            [
+                new.uuid.hex,
+                new.topic,
+                new.key,
+                new.payload_json,
+                new.headers_json,
+                new.idempotency_key,
+                new.max_attempts,
+                None if new.delay_seconds is not None else prep_dt(conn, new.available_at).isoformat(),
+                new.delay_seconds,
+            ]
+            for new in news
+        ]
+    )
+
+
+_ENCODER = json.JSONEncoder(separators=(",", ":"))
+
+
+@functools.cache
+def _insert_many_pg_sql(*, keyed: bool, idempotent: bool, notify: bool) -> str:
+    # The batch is read once (a materialized CTE over the JSON document). The keys' locks: one per
+    # distinct lock number, taken in ascending order of it (the subquery's ORDER BY, kept by OFFSET 0),
+    # so two batches with overlapping keys lock them in the same order and never deadlock each other;
+    # the aggregate has taken all of them before the join yields its first row, so before the first id
+    # is drawn. The rows are sorted by their place in the batch before the ids are projected over them:
+    # a key's messages take their ids, and so their order, as listed.
+    batch = (
+        "batch AS MATERIALIZED (SELECT e.place, (e.r->>0)::uuid AS uuid, e.r->>1 AS topic, e.r->>2 AS key,"
+        " (e.r->>3)::jsonb AS payload, (e.r->>4)::jsonb AS headers, e.r->>5 AS idempotency_key,"
+        " (e.r->>6)::int AS max_attempts, (e.r->>7)::timestamptz AS available_at, (e.r->>8)::float8 AS delay"
+        " FROM json_array_elements(%s::json) WITH ORDINALITY AS e(r, place))"
+    )
+    locks = (
+        f" (SELECT count(pg_advisory_xact_lock({KEY_LOCK_CLASS}, s.lock)) FROM (SELECT DISTINCT hashtext(key) AS lock"
+        " FROM batch WHERE key IS NOT NULL ORDER BY 1 OFFSET 0) AS s) AS key_locks CROSS JOIN"
+        if keyed
+        else ""
+    )
+    available = (
+        "CASE WHEN r.available_at IS NOT NULL THEN r.available_at"
+        f" WHEN r.delay > 0 THEN LEAST(statement_timestamp() + r.delay * interval '1 second', {_LAST_PYTHON_TIME})"
+        " ELSE statement_timestamp() END"
+    )
+    conflict = " ON CONFLICT (idempotency_key) WHERE idempotency_key IS NOT NULL DO NOTHING" if idempotent else ""
+    insert = (
+        f"INSERT INTO {MESSAGE} (uuid, topic, key, payload, headers, idempotency_key, status, attempts,"
+        f" max_attempts, available_at, created_at, last_error)"
+        f" SELECT r.uuid, r.topic, r.key, r.payload, r.headers, r.idempotency_key, '{PENDING}', 0,"
+        f" r.max_attempts, {available}, statement_timestamp(), ''"
+        f" FROM{locks} batch AS r ORDER BY r.place{conflict} RETURNING uuid, id, created_at, available_at"
+    )
+    # An uncorrelated subquery for the NOTIFY: evaluated once, and only if a row was written.
+    wake = ", (SELECT pg_notify(%s, ''))" if notify else ""
+    return (
+        f"WITH {batch}, m AS ({insert}) SELECT m.uuid, m.id, NULLIF(m.available_at, m.created_at),"
+        f" CASE WHEN row_number() OVER () = 1 THEN m.created_at END{wake} FROM m"
+    )
+
+
 def _as_read(value: dt.datetime) -> dt.datetime:
     """A time as the database hands it back: in UTC, or naive in ``TIME_ZONE`` under ``USE_TZ = False``."""
     return value.astimezone(dt.UTC) if settings.USE_TZ else value
 
 
-def _new_message(alias: str, message_id: int, new: NewMessage) -> Message:
+def _new_message(
+    alias: str,
+    message_id: int,
+    new: NewMessage,
+    build: Callable[[Sequence[Any]], Message] | None = None,
+    times: tuple[dt.datetime, dt.datetime] | None = None,
+) -> Message:
     """The row just inserted, built from what was sent rather than read back: ``RETURNING`` every column
     and converting it cost about 80 µs per ``send()`` (docs/performance.md). JSON is decoded from the
     text written, and times are in UTC, so it equals what a read from the database returns."""
@@ -157,12 +378,11 @@ def _new_message(alias: str, message_id: int, new: NewMessage) -> Message:
         "status": PENDING,
         "attempts": 0,
         "max_attempts": new.max_attempts,
-        "available_at": _as_read(new.available_at),
-        "created_at": _as_read(new.created_at),
+        "available_at": _as_read(new.available_at if times is None else times[1]),
+        "created_at": _as_read(new.created_at if times is None else times[0]),
         "delivered_at": None,
         "locked_by": None,
         "locked_until": None,
         "last_error": "",
-        "visible_after_xid": None,  # stamped by the first claim that sees a keyed row
     }
-    return instance_builder(alias)([values[name] for name in ATTNAMES])
+    return (build or instance_builder(alias))([values[name] for name in ATTNAMES])

@@ -18,7 +18,6 @@ from __future__ import annotations
 
 import logging
 import threading
-import time
 import weakref
 from collections.abc import Sequence
 
@@ -30,9 +29,6 @@ logger = logging.getLogger("django_outbox.testing")
 #: The open delivery of each connection (one per thread and alias), until its transaction ends.
 _open: weakref.WeakKeyDictionary[BaseDatabaseWrapper, _Delivery] = weakref.WeakKeyDictionary()
 _lock = threading.Lock()
-#: How long a delivery waits for the commit-order fence to let its keyed messages go (PostgreSQL).
-FENCE_WAIT_SECONDS = 5.0
-FENCE_RECHECK_SECONDS = 0.01
 
 
 class _Delivery:
@@ -83,27 +79,12 @@ def _registered(conn: BaseDatabaseWrapper, delivery: _Delivery) -> bool:
 def deliver(alias: str, ids: Sequence[int]) -> None:
     """Relay the messages ``ids`` of ``alias`` that are due and claimable now, in this thread.
 
-    On PostgreSQL a keyed message is claimable only once every transaction that was open when a claim
-    first saw it has ended (the commit-order fence, docs/ordering.md): a lower id of its key may still be
-    in one of them. Any transaction of the server counts, other test databases' too, so right after the
-    commit the fence may still hold; this waits for it up to :data:`FENCE_WAIT_SECONDS`, as a worker
-    would, then leaves what is still held to ``relay_all()`` or a worker, and says so in the log.
+    Right after the commit every message the transaction sent is visible, and a keyed one is claimable
+    unless an earlier message of its key is still open: that one stays behind, as with a worker, and is
+    left to ``relay_all()`` or a worker (docs/ordering.md).
     """
-    from .. import store
     from ..worker import Relay, RelayConfig
 
     if not ids:
         return
-    relay = Relay(RelayConfig.from_settings(database=alias, ids=tuple(ids), notify=False))
-    relay.drain()
-    deadline = time.monotonic() + FENCE_WAIT_SECONDS
-    while store.held_by_the_fence(alias, ids):
-        if time.monotonic() >= deadline:
-            logger.warning(
-                "OUTBOX['EAGER']: keyed messages among %s wait for transactions older than theirs to end (the"
-                " commit-order fence); not delivered now",
-                list(ids)[:20],
-            )
-            return
-        time.sleep(FENCE_RECHECK_SECONDS)
-        relay.drain()
+    Relay(RelayConfig.from_settings(database=alias, ids=tuple(ids), notify=False)).drain()

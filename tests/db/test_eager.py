@@ -13,6 +13,7 @@ from django.core.management import call_command
 from django.db import DatabaseError, transaction
 from django.test import RequestFactory, TestCase, override_settings
 from django.utils import timezone
+from psycopg import pq
 
 from django_outbox import outbox, signals
 from django_outbox.conf import BAD_VALUE, EAGER_WORKER, _parse
@@ -20,6 +21,7 @@ from django_outbox.models import Message
 from django_outbox.routing import registry
 from django_outbox.testing import eager, relay_all
 from django_outbox.worker import Relay
+from tests.support.database import neighbour_transaction
 
 Register = Callable[[str, Callable[..., object]], None]
 Seen = list[tuple[str, Any]]
@@ -28,13 +30,6 @@ Seen = list[tuple[str, Any]]
 @pytest.fixture
 def eager_on(settings: Any) -> None:
     settings.OUTBOX = {**settings.OUTBOX, "EAGER": True}
-
-
-@pytest.fixture(autouse=True)
-def patient_fence(monkeypatch: pytest.MonkeyPatch) -> None:
-    """On PostgreSQL a keyed message waits for every older transaction of the server to end (the
-    commit-order fence): other test runs on the same server may hold one open for many seconds."""
-    monkeypatch.setattr(eager, "FENCE_WAIT_SECONDS", 120.0)
 
 
 @pytest.fixture
@@ -231,6 +226,19 @@ def test_keyed_messages_of_one_transaction_are_delivered_in_order(eager_on: None
         for n in range(3):
             outbox.send("eager.ok", {"n": n}, key="order-7")
     assert seen == [("eager.ok", {"n": 0}), ("eager.ok", {"n": 1}), ("eager.ok", {"n": 2})]
+
+
+@committed
+def test_a_keyed_message_is_delivered_at_commit_while_another_database_holds_a_transaction_open(
+    postgres: None, eager_on: None, seen: Seen
+) -> None:
+    """Once the commit-order fence held keyed messages until every older transaction of the server had
+    ended: EAGER waited up to five seconds for it, then left the message undelivered."""
+    with neighbour_transaction() as neighbour:
+        with transaction.atomic():
+            outbox.send("eager.ok", {"n": 1}, key="order-7")
+        assert seen == [("eager.ok", {"n": 1})]
+        assert neighbour.info.transaction_status == pq.TransactionStatus.INTRANS
 
 
 @committed

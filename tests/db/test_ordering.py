@@ -5,18 +5,20 @@ from __future__ import annotations
 import datetime as dt
 import threading
 import time
+from collections.abc import Callable
 
 import pytest
 from django.db import connection, connections, transaction
 from django.test import override_settings
 from django.test.utils import CaptureQueriesContext
 from django.utils import timezone
+from psycopg import pq
 
 from django_outbox import PermanentDeliveryError, outbox, store
 from django_outbox.models import Message
 from django_outbox.testing import relay_all
 from testproject.shop.models import Order
-from tests.support.database import needs_session_listen
+from tests.support.database import needs_session_listen, neighbour_transaction
 from tests.support.waiting import wait_for
 
 pytestmark = pytest.mark.django_db(transaction=True)
@@ -39,9 +41,7 @@ def log(handler):
 
 
 def relay_until(condition, timeout: float = 60) -> None:
-    """Relay until ``condition()`` holds. On PostgreSQL a keyed message waits for every transaction of the
-    cluster that was open when a claim first saw it, so another session (even in another database) can
-    delay it for a moment: keyed delivery is checked as "eventually, and in order", never as "at once"."""
+    """Relay until ``condition()`` holds (a failed attempt's backoff, another thread's commit)."""
 
     def relayed():
         relay_all()
@@ -139,89 +139,179 @@ def test_next_due_ignores_messages_held_behind_their_key(log):
 
 
 # --- insert order is not commit order (PostgreSQL) ---------------------------------------------
+#
+# Ids are taken at insert, rows appear at commit. send() with a key takes a transaction-scoped advisory
+# lock on the key before the row takes its id, so a second sender of the key waits for the first to end:
+# a key's ids are taken and committed in the same order, and a worker never sees a later id of a key
+# while an earlier one is still invisible.
 
 
-def _hold_open(send_first: threading.Event, inserted: threading.Event, release: threading.Event) -> threading.Thread:
-    """In another connection: send ord.x n=1 on key K, then keep the transaction open until released."""
+def _waiting_for_the_key(key: str) -> bool:
+    """Whether a session of this database is queued for the advisory lock of ``key`` (any pooler)."""
+    with connection.cursor() as cursor:
+        cursor.execute(
+            "SELECT 1 FROM pg_locks WHERE locktype = 'advisory' AND NOT granted AND objsubid = 2"
+            " AND classid = %s::int8::oid AND objid = (hashtext(%s)::int8 & 4294967295)::oid"
+            " AND database = (SELECT oid FROM pg_database WHERE datname = current_database())",
+            [store.KEY_LOCK_CLASS, key],
+        )
+        return cursor.fetchone() is not None
 
+
+def _in_thread(target: Callable[[], None]) -> threading.Thread:
     def run() -> None:
         try:
-            send_first.wait(10)
-            with transaction.atomic():
-                outbox.send("ord.x", {"n": 1}, key="K")
-                inserted.set()
-                release.wait(20)
+            target()
         finally:
             connections.close_all()
 
-    thread = threading.Thread(target=run)
+    thread = threading.Thread(target=run, daemon=True)
     thread.start()
     return thread
 
 
-def _first_insert_commits_last(log, *, second_has_older_xid: bool) -> None:
-    send_first, inserted, release = threading.Event(), threading.Event(), threading.Event()
-    thread = _hold_open(send_first, inserted, release)
-    try:
+def _hold_open(inserted: threading.Event, release: threading.Event, *, roll_back: bool = False) -> threading.Thread:
+    """In another connection: send ord.x n=1 on key K, then keep the transaction open until released."""
+
+    def run() -> None:
+        with transaction.atomic():
+            outbox.send("ord.x", {"n": 1}, key="K")
+            inserted.set()
+            release.wait(30)
+            transaction.set_rollback(roll_back)
+
+    return _in_thread(run)
+
+
+@pytest.mark.parametrize("second_has_older_xid", [False, True], ids=["plain", "second-has-older-xid"])
+def test_a_second_sender_of_a_key_waits_until_the_first_commits(postgres, log, second_has_older_xid):
+    """The first insert of K commits last unless the second waits: it waits, then takes the higher id."""
+    inserted, release, second_sent = threading.Event(), threading.Event(), threading.Event()
+    first = _hold_open(inserted, release)
+    sent: list[Message] = []
+
+    def second_sender() -> None:
         with transaction.atomic():
             if second_has_older_xid:
                 # This transaction takes its transaction id (by a business write) before the other one,
                 # yet inserts its message after it: a rule on the inserting transaction's own id would fail.
                 Order.objects.create(customer_email="a@example.com", item="mug")
-            send_first.set()
-            assert inserted.wait(10)
-            second = outbox.send("ord.x", {"n": 2}, key="K")
+            sent.append(outbox.send("ord.x", {"n": 2}, key="K"))
+            second_sent.set()
             outbox.send("ord.x", {"n": 0})
-        relay_until(lambda: log == [(None, 0)])
-        time.sleep(0.2)
+
+    try:
+        assert inserted.wait(10)
+        second = _in_thread(second_sender)
+        wait_for(lambda: _waiting_for_the_key("K"), timeout=10)
+        assert not second_sent.is_set(), "the second send() of K returned while the first's transaction is open"
         relay_all()
-        assert log == [(None, 0)], "only the keyless message may go while K's lower id is uncommitted"
-        assert Message.objects.get(pk=second.pk).status == "pending"
+        assert log == [], "nothing is committed yet"
     finally:
         release.set()
-        thread.join(20)
+        first.join(20)
+    second.join(20)
+    assert second_sent.is_set() and not second.is_alive()
     relay_until(lambda: len(log) == 3)
-    assert log == [(None, 0), ("K", 1), ("K", 2)]
-    first = Message.objects.get(key="K", payload__n=1)
-    assert first.id < second.id, "the message inserted first has the lower id but committed last"
+    assert keyed(log, "K") == [1, 2]
+    assert Message.objects.get(key="K", payload__n=1).id < sent[0].id, "ids in commit order"
 
 
-def test_a_key_waits_for_a_lower_id_whose_transaction_is_still_open(postgres, log):
-    _first_insert_commits_last(log, second_has_older_xid=False)
-
-
-def test_a_key_waits_even_when_the_later_insert_has_the_older_transaction(postgres, log):
-    _first_insert_commits_last(log, second_has_older_xid=True)
-
-
-def test_a_rolled_back_lower_id_does_not_block_its_key(postgres, log):
-    inserted, release = threading.Event(), threading.Event()
-
-    def run() -> None:
-        try:
-            with transaction.atomic():
-                outbox.send("ord.x", {"n": 1}, key="K")
-                inserted.set()
-                release.wait(20)
-                transaction.set_rollback(True)
-        finally:
-            connections.close_all()
-
-    thread = threading.Thread(target=run)
-    thread.start()
-    assert inserted.wait(10)
-    outbox.send("ord.x", {"n": 2}, key="K")
-    relay_all()
-    time.sleep(0.2)
-    relay_all()
-    assert log == []
-    release.set()
-    thread.join(20)
+def test_a_rolled_back_first_sender_lets_the_second_go(postgres, log):
+    inserted, release, second_sent = threading.Event(), threading.Event(), threading.Event()
+    first = _hold_open(inserted, release, roll_back=True)
+    try:
+        assert inserted.wait(10)
+        second = _in_thread(lambda: (outbox.send("ord.x", {"n": 2}, key="K"), second_sent.set()))
+        wait_for(lambda: _waiting_for_the_key("K"), timeout=10)
+        assert not second_sent.is_set()
+    finally:
+        release.set()
+        first.join(20)
+    assert second_sent.wait(10)
+    second.join(20)
     relay_until(lambda: log == [("K", 2)])
 
 
-def test_send_takes_the_transaction_id_before_the_row_id(postgres, log):
-    """The fence's premise: in send()'s INSERT, the row id is projected over the row that took the xid."""
+def test_senders_of_other_keys_and_without_a_key_do_not_wait(postgres, log):
+    inserted, release, others_sent = threading.Event(), threading.Event(), threading.Event()
+    first = _hold_open(inserted, release)
+    try:
+        assert inserted.wait(10)
+
+        def others() -> None:
+            with transaction.atomic():
+                outbox.send("ord.x", {"n": 1}, key="L")
+                outbox.send("ord.x", {"n": 9})
+            others_sent.set()
+
+        _in_thread(others).join(20)
+        assert others_sent.is_set(), "another key's or a keyless send() waited for K's open transaction"
+        relay_until(lambda: set(log) == {(None, 9), ("L", 1)})
+    finally:
+        release.set()
+        first.join(20)
+    relay_until(lambda: len(log) == 3)
+
+
+def test_a_keyed_message_is_claimed_while_another_database_holds_a_transaction_open(postgres, log):
+    """The old commit-order fence waited for every transaction of the cluster; the key's lock waits for
+    none but the key's own senders."""
+    with neighbour_transaction() as neighbour:
+        outbox.send("ord.x", {"n": 1}, key="K")
+        relay_all()
+        assert log == [("K", 1)], "the keyed message waited for another database's transaction"
+        assert neighbour.info.transaction_status == pq.TransactionStatus.INTRANS
+
+
+def test_concurrent_senders_of_one_key_are_delivered_in_commit_order_while_a_relay_claims(postgres, log):
+    """Producers of one key that commit in every interleaving, each holding its transaction open for a
+    moment after the insert, while the relay claims all along: the key's messages arrive in id order,
+    each once. Without the lock a claim saw a later id committed before an earlier one."""
+    producers, per_producer = 4, 8
+    errors: list[BaseException] = []
+
+    def produce(p: int) -> None:
+        try:
+            for i in range(per_producer):
+                with transaction.atomic():
+                    outbox.send("ord.x", {"n": p * 100 + i}, key="K")
+                    time.sleep(0.001 * ((p + i) % 4))  # commits land in another order than inserts would
+        except BaseException as exc:  # pragma: no cover - reported below
+            errors.append(exc)
+
+    threads = [_in_thread(lambda p=p: produce(p)) for p in range(producers)]
+    while any(t.is_alive() for t in threads):
+        relay_all()
+    for thread in threads:
+        thread.join(20)
+    assert errors == []
+    relay_until(lambda: len(log) == producers * per_producer)
+    ids_in_delivery_order = [Message.objects.get(key="K", payload__n=n).id for n in keyed(log, "K")]
+    assert ids_in_delivery_order == sorted(ids_in_delivery_order), "delivered out of id order"
+    assert len(set(ids_in_delivery_order)) == producers * per_producer
+
+
+def test_an_autocommit_send_takes_the_key_lock_in_its_own_statement(postgres, log):
+    """In autocommit the lock and the insert share the statement's transaction: nothing stays held."""
+    with CaptureQueriesContext(connection) as queries:
+        outbox.send("ord.x", {"n": 1}, key="K")
+    assert [q["sql"] for q in queries.captured_queries if "pg_advisory" in q["sql"]] != []
+    assert len(queries.captured_queries) == 1, queries.captured_queries
+    with connection.cursor() as cursor:
+        cursor.execute("SELECT count(*) FROM pg_locks WHERE locktype = 'advisory' AND pid = pg_backend_pid()")
+        assert cursor.fetchone() == (0,)
+    with transaction.atomic():
+        outbox.send("ord.x", {"n": 2}, key="K")
+        with connection.cursor() as cursor:
+            cursor.execute(
+                "SELECT count(*) FROM pg_locks WHERE locktype = 'advisory' AND pid = pg_backend_pid() AND granted"
+            )
+            assert cursor.fetchone() == (1,), "held until the transaction ends"
+
+
+def test_send_takes_the_key_lock_before_the_row_id(postgres, log):
+    """The order's premise: in send()'s INSERT, the row id is projected over the row that took the lock."""
     with CaptureQueriesContext(connection) as queries:
         outbox.send("ord.x", {"n": 1}, key="K")
     (insert,) = [q["sql"] for q in queries.captured_queries if "INSERT INTO django_outbox_message" in q["sql"]]
@@ -229,9 +319,15 @@ def test_send_takes_the_transaction_id_before_the_row_id(postgres, log):
         cursor.execute("EXPLAIN (VERBOSE, COSTS OFF) " + insert)
         lines = [row[0] for row in cursor.fetchall()]
     projects_id = next(line for line in lines if "nextval(" in line)
-    takes_xid = next(line for line in lines if "Output: pg_current_xact_id()" in line)
+    takes_lock = next(line for line in lines if "Output: pg_advisory_xact_lock(" in line)
     depth = lambda line: len(line) - len(line.lstrip())  # noqa: E731
-    assert lines.index(takes_xid) > lines.index(projects_id) and depth(takes_xid) > depth(projects_id), lines
+    assert lines.index(takes_lock) > lines.index(projects_id) and depth(takes_lock) > depth(projects_id), lines
+
+
+def test_a_keyless_send_takes_no_lock(postgres, log):
+    with CaptureQueriesContext(connection) as queries:
+        outbox.send("ord.x", {"n": 1})
+    assert not any("pg_advisory" in q["sql"] for q in queries.captured_queries)
 
 
 # --- scheduling --------------------------------------------------------------------------------

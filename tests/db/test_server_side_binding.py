@@ -16,7 +16,6 @@ from django.utils import timezone
 from django_outbox import outbox, store
 from django_outbox.models import Message
 from tests.support.factories import MessageFactory
-from tests.support.waiting import wait_for
 
 pytestmark = pytest.mark.django_db(transaction=True)
 
@@ -51,13 +50,7 @@ def test_send_claim_and_record_every_outcome():
     dead = outbox.send("probe.created", {"n": 4}, max_attempts=1)
     claimed: dict[int, Message] = {}
 
-    def claim_all() -> bool:
-        # A keyed message waits for the commit-order fence: any transaction of the cluster open when
-        # the claim first saw it (docs/ordering.md), so the claim is repeated until it comes.
-        claimed.update((m.pk, m) for m in store.claim("default", worker="w1", limit=10, lease_seconds=30))
-        return len(claimed) == 3
-
-    wait_for(claim_all, timeout=30)
+    claimed.update((m.pk, m) for m in store.claim("default", worker="w1", limit=10, lease_seconds=30))
     assert set(claimed) == {keyed.pk, retried.pk, dead.pk}
     lost = store.record(
         "default",
@@ -94,3 +87,19 @@ def test_release_renew_reap_and_the_idle_queries():
     assert abs(due_in - (later.available_at - store.database_now("default")).total_seconds()) < 1
     assert len(store.claim("default", worker="w2", limit=2, lease_seconds=30)) == 2
     assert store.work_in_progress("default") is True
+
+
+def test_send_many_with_keys_schedules_and_idempotency_keys():
+    """Arrays of every column, NULLs among them (an array of only NULLs too), and the keys' locks."""
+    at = timezone.now() + dt.timedelta(hours=1)
+    items = [
+        {"topic": "probe.created", "payload": {"n": 1}, "key": "K", "idempotency_key": "i-1"},
+        {"topic": "probe.created", "payload": [1, 2], "delay": 30, "headers": {"h": "v"}},
+        {"topic": "probe.created", "payload": "x", "available_at": at, "key": "L"},
+    ]
+    sent = outbox.send_many(items)
+    assert outbox.send_many(items[:1])[0].pk == sent[0].pk
+    assert [m.payload for m in sent] == [{"n": 1}, [1, 2], "x"]
+    assert Message.objects.get(pk=sent[2].pk).available_at == at
+    unkeyed = outbox.send_many([{"topic": "probe.created", "payload": n} for n in range(3)])
+    assert len(unkeyed) == 3 and Message.objects.count() == 6

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import contextlib
+from collections.abc import Iterator
 from typing import Any
 
 import pytest
@@ -27,7 +29,7 @@ def connect_raw(*, direct: bool = False, **options: Any) -> Any:
     params.pop("context", None)
     if direct and (server := pooled.direct()) is not None:
         params["host"], params["port"] = server
-    return psycopg.connect(**params, **options)
+    return psycopg.connect(**{**params, **options})  # options may name another database (dbname)
 
 
 #: For tests of a worker woken by NOTIFY with the default settings: through transaction pooling its
@@ -40,16 +42,45 @@ needs_session_listen = pytest.mark.skipif(
 )
 
 
-#: Known open: two topic-split workers handing a key over by NOTIFY failed once through session pooling
-#: in CI (the direct runs pass); until that is understood it runs on direct connections only.
-direct_only = pytest.mark.skipif(
-    pooled.mode() is not None,
-    reason="the cross-topic hand-off through a pooler failed once in session pooling; investigated on direct "
-    "connections only so far (see the closing note of 2026-12-01)",
-)
-
-
 def is_postgres_alias(alias: str) -> bool:
     from django.db import connections
 
     return connections[alias].vendor == "postgresql"
+
+
+def neighbour_database() -> str:
+    """The name of another database on the test database's server (``<name>_neighbour``), made if missing.
+
+    Named after the database of ``DATABASE_URL`` (``hproducer`` -> ``hproducer_neighbour``, CI's ``test``
+    -> ``test_neighbour``), so parallel runs against one server use neighbours of their own.
+    """
+    import psycopg
+    from psycopg import sql
+
+    name = str(connection.settings_dict["NAME"]).removeprefix("test_") + "_neighbour"
+    with connect_raw(direct=True, autocommit=True, dbname="postgres") as server:
+        exists = server.execute("SELECT 1 FROM pg_database WHERE datname = %s", [name]).fetchone()
+        if exists is None:
+            try:
+                server.execute(sql.SQL("CREATE DATABASE {}").format(sql.Identifier(name)))
+            except psycopg.errors.DuplicateDatabase:  # another run made it in between
+                pass
+    return name
+
+
+@contextlib.contextmanager
+def neighbour_transaction() -> Iterator[Any]:
+    """A transaction left open, holding a transaction id, in another database of the same server.
+
+    What a busy neighbour looks like to this database: nothing it can see or lock, but a transaction
+    that keeps the server's oldest running xid (every snapshot's ``xmin``) where it is until it ends.
+    """
+    conn = connect_raw(direct=True, dbname=neighbour_database())  # not autocommit: the transaction stays open
+    try:
+        conn.execute("CREATE TABLE IF NOT EXISTS busy (n int)")
+        conn.commit()
+        conn.execute("INSERT INTO busy VALUES (1)")  # a write: the transaction takes an xid
+        yield conn
+    finally:
+        conn.rollback()
+        conn.close()

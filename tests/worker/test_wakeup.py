@@ -9,11 +9,12 @@ import pytest
 from django.db import connection, transaction
 from django.test import override_settings
 from django.test.utils import CaptureQueriesContext
+from psycopg import pq
 
 from django_outbox import outbox, store
 from django_outbox.models import Message
 from django_outbox.worker import Relay, RelayConfig
-from tests.support.database import connect_raw, direct_only, needs_session_listen
+from tests.support.database import connect_raw, needs_session_listen, neighbour_transaction
 from tests.support.waiting import wait_for
 
 pytestmark = [pytest.mark.django_db(transaction=True), pytest.mark.usefixtures("postgres")]
@@ -161,23 +162,20 @@ def test_one_notify_wakes_one_thread_and_its_full_batch_wakes_the_other(handler)
 
 
 @needs_session_listen
-def test_idle_worker_claims_a_fenced_keyed_message_soon_after_the_older_transaction_ends(handler):
-    """A keyed message that waits only for the commit-order fence becomes claimable when older
-    transactions end, which nothing announces: the idle worker looks again shortly, not at its poll."""
+def test_a_keyed_message_is_delivered_while_another_database_of_the_server_holds_a_transaction_open(handler):
+    """Per-key order must not wait for unrelated transactions: a neighbour database's open write
+    transaction (a batch job, a session left idle in transaction) once held every keyed message of the
+    outbox back until it ended, since the commit-order fence waited for every xid of the cluster."""
     delivered = threading.Event()
-    handler("t.fence", lambda m: delivered.set())
-    older = connect_raw()  # not autocommit: its transaction stays open
+    handler("t.keyed", lambda m: delivered.set())
     relay, thread = _start_idle_worker(poll_interval=60)
     try:
-        older.execute("SELECT pg_current_xact_id()")  # a transaction with an xid, older than the message
-        outbox.send("t.fence", {}, key="fenced")  # its NOTIFY wakes the worker, whose claim stamps it
-        wait_for(lambda: Message.objects.filter(key="fenced", visible_after_xid__isnull=False).exists(), timeout=10)
-        time.sleep(0.3)
-        assert not delivered.is_set()  # held back while the older transaction runs
-        older.commit()
-        assert delivered.wait(5)  # with a minute's poll, only the fence's recheck explains this
+        with neighbour_transaction() as neighbour:
+            outbox.send("t.keyed", {}, key="order-1")
+            # with a minute's poll, only the NOTIFY's claim explains this, and it did not wait for the neighbour
+            assert delivered.wait(10), "the keyed message waited for another database's transaction"
+            assert neighbour.info.transaction_status == pq.TransactionStatus.INTRANS, "still open"
     finally:
-        older.close()
         relay.stop()
         thread.join(20)
 
@@ -253,7 +251,7 @@ def test_a_worker_of_another_topic_delivers_the_message_a_cancel_unblocked_witho
         thread.join(20)
 
 
-@direct_only
+@needs_session_listen
 def test_a_key_that_spans_topics_hands_off_to_the_worker_of_the_next_topic_at_once(handler):
     """Workers split by --topics: recording the head of a key wakes the worker serving its next message."""
     delivered = threading.Event()

@@ -1,0 +1,483 @@
+"""``outbox.send_many()`` (issue 19 point 5): many messages in one ``INSERT``, with ``send()``'s validation,
+idempotency, per-key order, key locks and one ``NOTIFY`` per transaction."""
+
+from __future__ import annotations
+
+import datetime as dt
+import functools
+import math
+import random
+import sqlite3
+import threading
+from collections.abc import Callable, Iterator
+from typing import Any
+
+import pytest
+from django.db import DatabaseError, connection, connections, transaction
+from django.test import override_settings
+from django.test.utils import CaptureQueriesContext
+from django.utils import timezone
+
+from django_outbox import (
+    IdempotencyConflictError,
+    PayloadTooLargeError,
+    UnknownTopicError,
+    outbox,
+)
+from django_outbox.models import Message
+from django_outbox.testing import relay_all
+from testproject.shop.models import Order
+from tests.support.database import connect_raw
+from tests.support.waiting import wait_for
+
+pytestmark = pytest.mark.django_db(transaction=True)
+
+Register = Callable[[str, Callable[..., object]], None]
+
+
+def inserts(queries: CaptureQueriesContext) -> list[str]:
+    return [
+        q["sql"] for q in queries.captured_queries if "INSERT INTO" in q["sql"] and "django_outbox_message" in q["sql"]
+    ]
+
+
+def test_one_insert_writes_every_message_in_order_and_returns_them_as_stored():
+    items = [{"topic": "probe.created", "payload": {"n": n}, "key": f"k{n % 3}"} for n in range(100)]
+    with CaptureQueriesContext(connection) as queries, transaction.atomic():
+        Order.objects.create(customer_email="a@example.com", item="mug")
+        sent = outbox.send_many(items)
+    assert len(inserts(queries)) == 1
+    assert [m.payload for m in sent] == [{"n": n} for n in range(100)]
+    assert [m.id for m in sent] == sorted(m.id for m in sent), "ids in the batch's order"
+    stored = {m.id: m for m in Message.objects.all()}
+    assert len(stored) == 100
+    for message in sent:
+        row = stored[message.id]
+        for field in ("uuid", "topic", "key", "payload", "headers", "status", "attempts", "max_attempts"):
+            assert getattr(message, field) == getattr(row, field), field
+        assert message.created_at == row.created_at and message.available_at == row.available_at
+
+
+def test_each_item_takes_sends_arguments():
+    at = timezone.now() + dt.timedelta(hours=2)
+    sent = outbox.send_many(
+        [
+            {"topic": "probe.created", "payload": [1, 2.5, None], "headers": {"x-a": "b"}, "max_attempts": 2},
+            {"topic": "probe.created", "payload": "text", "delay": 3600, "idempotency_key": "i-1"},
+            {"topic": "probe.created", "payload": 7, "available_at": at, "key": "K"},
+            {"topic": "probe.created", "payload": {}, "delay": dt.timedelta(0)},
+        ]
+    )
+    rows = [Message.objects.get(pk=m.pk) for m in sent]
+    assert rows[0].payload == [1, 2.5, None] and rows[0].headers == {"x-a": "b"} and rows[0].max_attempts == 2
+    assert rows[1].idempotency_key == "i-1"
+    delay = (rows[1].available_at - rows[1].created_at).total_seconds()
+    assert delay == pytest.approx(3600, abs=0.01)
+    assert rows[2].available_at == at and rows[2].key == "K"
+    assert rows[3].available_at == rows[3].created_at
+    assert [m.available_at for m in sent] == [r.available_at for r in rows]
+
+
+def test_an_empty_batch_writes_nothing_and_asks_nothing():
+    with CaptureQueriesContext(connection) as queries:
+        assert outbox.send_many([]) == []
+    assert queries.captured_queries == []
+
+
+def test_any_iterable_of_dicts_is_taken():
+    sent = outbox.send_many({"topic": "probe.created", "payload": n} for n in range(3))
+    assert [m.payload for m in sent] == [0, 1, 2]
+
+
+# --- validation: every item before anything is written -------------------------------------------------
+
+BAD_ITEMS: list[tuple[dict[str, Any], type[Exception], str]] = [
+    ({"topic": "probe.created", "payload": math.nan}, TypeError, "NaN"),
+    ({"topic": "probe.created", "payload": {}, "key": 5}, TypeError, "key must be a string"),
+    ({"topic": "", "payload": {}}, ValueError, "topic must be a non-empty string"),
+    ({"topic": "probe.created", "payload": {}, "max_attempts": 0}, ValueError, "max_attempts"),
+    ({"topic": "probe.created", "payload": {}, "delay": -1}, ValueError, "delay"),
+    ({"topic": "probe.created", "payload": {}, "delay": 1, "available_at": timezone.now()}, ValueError, "not both"),
+    ({"topic": "probe.created", "payload": {}, "headers": {"a b": "c"}}, ValueError, "header name"),
+    ({"topic": "probe.created", "payload": "x" * 2_000_000}, PayloadTooLargeError, "MAX_PAYLOAD_BYTES"),
+    ({"topic": "nobody.serves.this", "payload": {}}, UnknownTopicError, "nobody.serves.this"),
+    ({"topic": "probe.created", "payload": {}, "kee": "typo"}, TypeError, "unknown argument(s) ['kee']"),
+    ({"topic": "probe.created", "payload": {}, "using": "other"}, TypeError, "argument of send_many() itself"),
+    ({"topic": "probe.created"}, TypeError, "lacks payload"),
+    ({"payload": {}}, TypeError, "lacks topic"),
+]
+
+
+@pytest.mark.parametrize(("bad", "error", "says"), BAD_ITEMS, ids=[s for _, _, s in BAD_ITEMS])
+def test_a_bad_57th_item_writes_nothing_and_names_itself(bad, error, says):
+    items: list[Any] = [{"topic": "probe.created", "payload": {"n": n}, "key": "K"} for n in range(100)]
+    items[56] = bad
+    with transaction.atomic():
+        Order.objects.create(customer_email="a@example.com", item="before")
+        with pytest.raises(error) as raised:
+            outbox.send_many(items)
+        Order.objects.create(customer_email="a@example.com", item="after")  # the transaction goes on
+    assert str(raised.value).startswith("outbox.send_many(): item 56"), str(raised.value)
+    assert says in str(raised.value)
+    assert Message.objects.count() == 0
+    assert Order.objects.count() == 2
+
+
+def test_the_same_error_class_as_send_would_raise():
+    for bad, _, _ in BAD_ITEMS:
+        if set(bad) - {"topic", "payload", "key", "headers", "delay", "available_at", "max_attempts"} or len(bad) < 2:
+            continue  # send_many()'s own checks of the item's shape
+        with pytest.raises(Exception) as by_send:
+            outbox.send(**bad)
+        with pytest.raises(Exception) as by_send_many:
+            outbox.send_many([bad])
+        assert type(by_send_many.value) is type(by_send.value)
+        assert by_send_many.value.__cause__ is not None
+
+
+@pytest.mark.parametrize("batch", [{"topic": "probe.created", "payload": {}}, "probe.created", None, 5])
+def test_a_batch_that_is_not_a_list_of_dicts_is_refused(batch):
+    with pytest.raises(TypeError, match=r"outbox.send_many\(\)"):
+        outbox.send_many(batch)
+
+
+def test_a_non_dict_item_is_refused_by_number():
+    with pytest.raises(TypeError, match=r"item 1 must be a dict"):
+        outbox.send_many([{"topic": "probe.created", "payload": 1}, ("probe.created", 2)])
+    assert Message.objects.count() == 0
+
+
+def test_an_unknown_database_is_refused():
+    with pytest.raises(ValueError, match="using='nope'"):
+        outbox.send_many([{"topic": "probe.created", "payload": 1}], using="nope")
+
+
+@pytest.mark.django_db(transaction=True, databases=["default", "other"])
+def test_using_writes_the_batch_on_that_database():
+    sent = outbox.send_many([{"topic": "probe.created", "payload": n} for n in range(3)], using="other")
+    assert Message.objects.using("other").count() == 3 and Message.objects.count() == 0
+    assert all(m._state.db == "other" for m in sent)
+
+
+# --- idempotency -----------------------------------------------------------------------------------
+
+
+def test_a_stored_key_returns_the_stored_message_and_the_rest_is_written():
+    first = outbox.send("probe.created", {"n": 1}, idempotency_key="once")
+    sent = outbox.send_many(
+        [
+            {"topic": "probe.created", "payload": {"n": 0}},
+            {"topic": "probe.created", "payload": {"n": 1.0}, "idempotency_key": "once"},  # 1 and 1.0: one number
+            {"topic": "probe.created", "payload": {"n": 2}, "idempotency_key": "twice"},
+        ]
+    )
+    assert sent[1].pk == first.pk and sent[1].uuid == first.uuid
+    assert Message.objects.count() == 3
+    assert Message.objects.get(idempotency_key="twice").pk == sent[2].pk
+
+
+def test_a_stored_key_with_other_content_raises_and_writes_nothing_of_the_batch():
+    first = outbox.send("probe.created", {"n": 1}, idempotency_key="once")
+    with transaction.atomic():
+        with pytest.raises(IdempotencyConflictError) as raised:
+            outbox.send_many(
+                [
+                    {"topic": "probe.created", "payload": {"n": 0}, "key": "K"},
+                    {"topic": "probe.created", "payload": {"n": 2}, "idempotency_key": "once"},
+                ]
+            )
+        Order.objects.create(customer_email="a@example.com", item="after")  # the transaction goes on
+    assert raised.value.existing is not None and raised.value.existing.pk == first.pk
+    assert list(Message.objects.values_list("pk", flat=True)) == [first.pk]
+    assert Order.objects.count() == 1
+
+
+def test_in_autocommit_a_conflict_leaves_nothing_committed():
+    outbox.send("probe.created", {"n": 1}, idempotency_key="once")
+    with pytest.raises(IdempotencyConflictError):
+        outbox.send_many(
+            [
+                {"topic": "probe.created", "payload": {"n": 0}},
+                {"topic": "probe.created", "payload": {"n": 2}, "idempotency_key": "once"},
+            ]
+        )
+    assert Message.objects.count() == 1
+
+
+def test_a_key_repeated_within_the_batch_with_the_same_content_is_written_once():
+    sent = outbox.send_many(
+        [
+            {"topic": "probe.created", "payload": {"n": 1}, "idempotency_key": "once"},
+            {"topic": "probe.created", "payload": {"n": 2}},
+            {"topic": "probe.created", "payload": {"n": 1}, "idempotency_key": "once"},
+        ]
+    )
+    assert sent[0] is sent[2]
+    assert Message.objects.count() == 2
+
+
+def test_a_key_repeated_within_the_batch_with_other_content_raises_before_writing():
+    with pytest.raises(IdempotencyConflictError, match="item 2 repeats the idempotency_key 'once' of item 0") as raised:
+        outbox.send_many(
+            [
+                {"topic": "probe.created", "payload": {"n": 1}, "idempotency_key": "once"},
+                {"topic": "probe.created", "payload": {"n": 2}},
+                {"topic": "probe.created", "payload": {"n": 1}, "idempotency_key": "once", "key": "other"},
+            ]
+        )
+    assert raised.value.existing is None
+    assert Message.objects.count() == 0
+
+
+def test_a_repeated_batch_returns_the_first_batchs_messages():
+    items = [{"topic": "probe.created", "payload": {"n": n}, "idempotency_key": f"i-{n}"} for n in range(20)]
+    first = outbox.send_many(items)
+    again = outbox.send_many(items)
+    assert [m.pk for m in again] == [m.pk for m in first]
+    assert Message.objects.count() == 20
+
+
+# --- delivery, order, notifications ----------------------------------------------------------------------
+
+
+def test_a_keys_messages_are_delivered_in_the_batchs_order(handler: Register):
+    seen: list[tuple[str | None, int]] = []
+    handler("batch.*", lambda m: seen.append((m.key, m.payload)))
+    outbox.send_many([{"topic": "batch.x", "payload": n, "key": ["A", "B"][n % 2]} for n in range(10)])
+    wait_for(lambda: relay_all() or len(seen) == 10, timeout=30)
+    assert [n for k, n in seen if k == "A"] == [0, 2, 4, 6, 8]
+    assert [n for k, n in seen if k == "B"] == [1, 3, 5, 7, 9]
+
+
+def test_eager_delivers_the_batch_at_commit(handler: Register, settings: Any):
+    seen: list[int] = []
+    handler("batch.*", lambda m: seen.append(m.payload))
+    with override_settings(OUTBOX={**settings.OUTBOX, "EAGER": True}):
+        with transaction.atomic():
+            outbox.send_many([{"topic": "batch.x", "payload": n, "key": "K"} for n in range(3)])
+            assert seen == []
+        assert seen == [0, 1, 2]
+
+
+def test_a_batch_of_ten_thousand_is_written():
+    sent = outbox.send_many([{"topic": "probe.created", "payload": {"n": n}} for n in range(10_000)])
+    assert len({m.id for m in sent}) == 10_000 == Message.objects.count()
+
+
+@pytest.fixture
+def listen(postgres: None) -> Iterator[Callable[[float], int]]:
+    conn = connect_raw(direct=True, autocommit=True)
+    conn.execute("LISTEN django_outbox")
+
+    def received(wait: float = 0.5) -> int:
+        return sum(1 for _ in conn.notifies(timeout=wait))
+
+    yield received
+    conn.close()
+
+
+def test_one_notification_per_transaction(listen: Callable[[float], int]):
+    outbox.send_many([{"topic": "probe.created", "payload": n} for n in range(100)])
+    assert listen(0.5) == 1
+    with transaction.atomic():
+        outbox.send_many([{"topic": "probe.created", "payload": n} for n in range(10)])
+        outbox.send("probe.created", {})
+        outbox.send_many([{"topic": "probe.created", "payload": n} for n in range(10)])
+        assert listen(0.3) == 0
+    assert listen(0.5) == 1
+    with pytest.raises(RuntimeError), transaction.atomic():
+        outbox.send_many([{"topic": "probe.created", "payload": 1}])
+        raise RuntimeError
+    assert listen(0.5) == 0
+    items = [{"topic": "probe.created", "payload": n, "idempotency_key": f"i{n}"} for n in range(3)]
+    outbox.send_many(items)
+    assert listen(0.5) == 1
+    outbox.send_many(items)  # nothing new: nothing to announce
+    assert listen(0.5) == 0
+
+
+# --- SQLite: chunks under the bound-variable limit -----------------------------------------------------
+
+
+@pytest.fixture
+def small_sqlite_limit() -> Iterator[None]:
+    """The connection's real limit on bound variables, lowered so a batch of 7 needs 4 statements."""
+    if connection.vendor != "sqlite":
+        pytest.skip("SQLite's limit on bound variables")
+    connection.ensure_connection()
+    raw = connection.connection
+    before = raw.getlimit(sqlite3.SQLITE_LIMIT_VARIABLE_NUMBER)
+    raw.setlimit(sqlite3.SQLITE_LIMIT_VARIABLE_NUMBER, 20)  # 2 rows of 9 values
+    yield
+    raw.setlimit(sqlite3.SQLITE_LIMIT_VARIABLE_NUMBER, before)
+
+
+def test_sqlite_writes_a_batch_over_the_variable_limit_in_chunks(small_sqlite_limit: None):
+    with CaptureQueriesContext(connection) as queries:
+        sent = outbox.send_many([{"topic": "probe.created", "payload": n, "key": "K"} for n in range(7)])
+    assert len(inserts(queries)) == 4
+    assert [m.payload for m in sent] == list(range(7))
+    assert list(Message.objects.order_by("id").values_list("payload", flat=True)) == list(range(7))
+
+
+def test_sqlite_chunks_are_one_transaction_in_autocommit(small_sqlite_limit: None):
+    outbox.send("probe.created", {"n": 1}, idempotency_key="once")
+    items: list[dict[str, Any]] = [{"topic": "probe.created", "payload": n} for n in range(6)]
+    items.append({"topic": "probe.created", "payload": {"n": 2}, "idempotency_key": "once"})  # the 4th chunk
+    with pytest.raises(IdempotencyConflictError):
+        outbox.send_many(items)
+    assert Message.objects.count() == 1, "the first three chunks were taken back"
+
+
+# --- PostgreSQL: the keys' locks ---------------------------------------------------------------------------
+
+
+def test_the_keys_are_locked_before_any_row_takes_its_id(postgres: None):
+    with CaptureQueriesContext(connection) as queries:
+        outbox.send_many([{"topic": "probe.created", "payload": n, "key": f"k{n}"} for n in range(3)])
+    (insert,) = inserts(queries)
+    with connection.cursor() as cursor:
+        cursor.execute("EXPLAIN (VERBOSE, COSTS OFF) " + insert)
+        lines = [row[0] for row in cursor.fetchall()]
+    projects_id = next(line for line in lines if "nextval(" in line)
+    takes_locks = next(line for line in lines if "pg_advisory_xact_lock(" in line)
+    depth = lambda line: len(line) - len(line.lstrip())  # noqa: E731
+    assert lines.index(takes_locks) > lines.index(projects_id) and depth(takes_locks) > depth(projects_id), lines
+
+
+def test_a_batch_locks_each_key_once_and_keeps_them_to_commit(postgres: None):
+    with transaction.atomic():
+        outbox.send_many([{"topic": "probe.created", "payload": n, "key": f"k{n % 4}"} for n in range(40)])
+        with connection.cursor() as cursor:
+            cursor.execute(
+                "SELECT count(*) FROM pg_locks WHERE locktype = 'advisory' AND pid = pg_backend_pid() AND granted"
+            )
+            assert cursor.fetchone() == (4,)
+    with connection.cursor() as cursor:
+        cursor.execute("SELECT count(*) FROM pg_locks WHERE locktype = 'advisory' AND pid = pg_backend_pid()")
+        assert cursor.fetchone() == (0,)
+
+
+def _lock_numbers(*keys: str) -> list[int]:
+    with connection.cursor() as cursor:
+        cursor.execute("SELECT hashtext(k) FROM unnest(%s::text[]) AS k", [list(keys)])
+        return [row[0] for row in cursor.fetchall()]
+
+
+def _in_thread(target: Callable[[], None]) -> threading.Thread:
+    def run() -> None:
+        try:
+            target()
+        finally:
+            connections.close_all()
+
+    thread = threading.Thread(target=run, daemon=True)
+    thread.start()
+    return thread
+
+
+def test_keys_are_locked_in_the_order_of_their_lock_not_of_the_list(postgres: None):
+    """A batch [Y, X] whose X is held elsewhere waits for X without holding Y: it takes X's lock first,
+    as every batch does, so two batches with overlapping keys cannot each hold what the other waits for."""
+    first, second = sorted(["alpha", "beta", "gamma", "delta"], key=lambda k: _lock_numbers(k)[0])[:2]
+    held, release = threading.Event(), threading.Event()
+
+    def hold_first() -> None:
+        with transaction.atomic():
+            outbox.send("probe.created", {}, key=first)
+            held.set()
+            release.wait(30)
+
+    holder = _in_thread(hold_first)
+    try:
+        assert held.wait(10)
+        batch_done, other_done = threading.Event(), threading.Event()
+
+        def send_batch() -> None:
+            items = [
+                {"topic": "probe.created", "payload": 1, "key": second},
+                {"topic": "probe.created", "payload": 2, "key": first},
+            ]
+            outbox.send_many(items)
+            batch_done.set()
+
+        def send_other() -> None:
+            outbox.send("probe.created", {}, key=second)
+            other_done.set()
+
+        batch = _in_thread(send_batch)
+        wait_for(lambda: _waiting_sessions() == 1, timeout=10)
+        other = _in_thread(send_other)
+        assert other_done.wait(10), "the batch held the later key while it waited for the earlier one"
+        other.join(10)
+        assert not batch_done.is_set()
+    finally:
+        release.set()
+        holder.join(20)
+    assert batch_done.wait(10)
+    batch.join(10)
+
+
+def _waiting_sessions() -> int:
+    with connection.cursor() as cursor:
+        cursor.execute(
+            "SELECT count(*) FROM pg_locks WHERE locktype = 'advisory' AND NOT granted"
+            " AND database = (SELECT oid FROM pg_database WHERE datname = current_database())"
+        )
+        return int(cursor.fetchone()[0])
+
+
+def test_batches_with_overlapping_keys_in_any_order_never_deadlock(postgres: None):
+    keys = [f"key-{n}" for n in range(12)]
+    errors: list[BaseException] = []
+
+    def produce(seed: int) -> None:
+        shuffled = random.Random(seed)
+        try:
+            for _ in range(15):
+                picked = shuffled.sample(keys, 8)
+                with transaction.atomic():
+                    outbox.send_many([{"topic": "probe.created", "payload": 0, "key": k} for k in picked])
+        except DatabaseError as exc:  # a deadlock PostgreSQL broke (after deadlock_timeout)
+            errors.append(exc)
+
+    threads = [_in_thread(functools.partial(produce, seed)) for seed in range(4)]
+    for thread in threads:
+        thread.join(120)
+    assert errors == []
+    assert Message.objects.count() == 4 * 15 * 8
+
+
+@override_settings(USE_TZ=False)
+def test_without_time_zones_naive_times_are_taken_as_by_send():
+    later = timezone.now() + dt.timedelta(hours=1)
+    assert timezone.is_naive(later)
+    sent = outbox.send_many(
+        [
+            {"topic": "probe.created", "payload": 1, "available_at": later},
+            {"topic": "probe.created", "payload": 2, "delay": 60},
+            {"topic": "probe.created", "payload": 3},
+        ]
+    )
+    rows = [Message.objects.get(pk=m.pk) for m in sent]
+    assert rows[0].available_at == later == sent[0].available_at
+    assert all(timezone.is_naive(m.available_at) for m in sent)
+    assert [m.available_at for m in sent] == [r.available_at for r in rows]
+    assert [m.created_at for m in sent] == [r.created_at for r in rows]
+
+
+@pytest.mark.parametrize("in_transaction", [False, True])
+def test_returned_messages_equal_the_stored_rows_field_by_field(in_transaction):
+    items = [
+        {"topic": "probe.created", "payload": {"n": 1, "f": 1e20}, "key": "K", "headers": {"h": "v"}},
+        {"topic": "probe.created", "payload": None, "idempotency_key": "i", "delay": 5, "max_attempts": 3},
+    ]
+    if in_transaction:
+        with transaction.atomic():
+            sent = outbox.send_many(items)
+    else:
+        sent = outbox.send_many(items)
+    names = [f.attname for f in Message._meta.concrete_fields]
+    for message in sent:
+        row = Message.objects.get(pk=message.pk)
+        assert {n: getattr(message, n) for n in names} == {n: getattr(row, n) for n in names}
