@@ -75,6 +75,7 @@ PUBLIC_NAMES: dict[str, list[str]] = {
     "django_outbox.transports.amqp": ["AMQPTransport"],
     "django_outbox.transports.redis": ["RedisStreamsTransport"],
     "django_outbox.transports.nats": ["NATSTransport"],
+    "django_outbox.transports.kafka": ["KafkaTransport"],
     "django_outbox.mail.transport": ["EmailTransport"],
 }
 
