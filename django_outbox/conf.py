@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import datetime as dt
 import functools
+import re
 import sys
 from collections.abc import Mapping
 from dataclasses import dataclass
@@ -30,6 +31,23 @@ HANDLER_BACKEND = "django_outbox.transports.handler.HandlerTransport"
 EMAIL_TOPIC = "django_outbox.email"
 EMAIL_TRANSPORT = "django_outbox.email"
 EMAIL_TRANSPORT_BACKEND = "django_outbox.mail.transport.EmailTransport"
+
+
+#: RFC 3986: what a URI reference is made of (a percent sign only as ``%XX``).
+_URI_REFERENCE = re.compile(r"(?:[A-Za-z0-9\-._~:/?#\[\]@!$&'()*+,;=]|%[0-9A-Fa-f]{2})+")
+_SOURCE_HINT = "Example: 'https://shop.example.com/orders' or '/shop'."
+#: A CloudEvents ``source`` goes with every message; longer than this is a mistake.
+MAX_SOURCE_BYTES = 2048
+
+
+def _source_refused(source: str) -> str | None:
+    """Why ``source`` is not a URI reference (RFC 3986), which the CloudEvents ``source`` attribute must be."""
+    if _URI_REFERENCE.fullmatch(source) is None:
+        return (
+            f"= {shown(source)} is not a URI reference: letters, digits and - . _ ~ : / ? # [ ] @ ! $ & ' ( ) * + , ; ="
+            " only, anything else (a space, a non-ASCII letter, a lone %) percent-encoded."
+        )
+    return None
 
 
 @dataclass(frozen=True, kw_only=True, slots=True)
@@ -80,6 +98,7 @@ BAD_RETENTION_MODE = "django_outbox.E072"
 BAD_ARCHIVE_AFTER = "django_outbox.E073"
 BAD_HOUSEKEEPING_INTERVAL = "django_outbox.E074"
 BAD_HANDLER_TIMEOUT = "django_outbox.E090"
+BAD_CLOUDEVENTS_SOURCE = "django_outbox.E091"
 #: ``outbox_worker`` started with ``OUTBOX["EAGER"]`` on: settings meant for tests (management/commands).
 EAGER_WORKER = "django_outbox.W003"
 
@@ -262,6 +281,18 @@ class OutboxSettings:
         nonempty_items=True,
         expected="a list of non-empty topic patterns",
         hint='Example: ["payments.*", "users.password_changed"]. Remove the key to protect emails only.',
+    )
+    #: The CloudEvents ``source`` attribute of every message sent with a FORMAT of "cloudevents*".
+    CLOUDEVENTS_SOURCE: str = option(
+        "/django-outbox",
+        kind=str,
+        nonempty=True,
+        max_bytes=MAX_SOURCE_BYTES,
+        id=BAD_CLOUDEVENTS_SOURCE,
+        hint="Example: 'https://shop.example.com/orders' or '/shop'.",
+        rules=(
+            Rule(BAD_CLOUDEVENTS_SOURCE, _source_refused, "Example: 'https://shop.example.com/orders' or '/shop'."),
+        ),
     )
 
 

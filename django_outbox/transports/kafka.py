@@ -23,8 +23,10 @@ from typing import TYPE_CHECKING, Any, ClassVar
 
 from ..exceptions import MissingExtraError, PermanentDeliveryError, TransientDeliveryError
 from ..options import BAD_TEMPLATE, Rule, shown
+from . import cloudevents
 from .broker import (
     BAD_URL,
+    CONTENT_TYPE,
     MAX_NETWORK_TIMEOUT,
     BrokerTransport,
     encode_payload,
@@ -209,6 +211,8 @@ class KafkaOptions:
     delivery_timeout: float = option(30.0, kind=float, minimum=0.1, maximum=MAX_NETWORK_TIMEOUT)
     #: Seconds to open a connection to a broker, and to read the cluster's metadata on a fresh producer.
     connect_timeout: float = option(5.0, kind=float, minimum=MIN_CONNECT_TIMEOUT, maximum=MAX_NETWORK_TIMEOUT)
+    #: "payload" (the record below), or a CloudEvent per the Kafka binding (binary: ``ce_`` headers; structured).
+    format: str = option(cloudevents.PAYLOAD, kind=str, choices=cloudevents.BROKER_FORMATS)
 
 
 #: Errors no retry can cure: the record itself is refused.
@@ -296,7 +300,15 @@ class KafkaTransport(BrokerTransport):
                 f"{topic!r} (OPTIONS['TOPIC'] for topic {message.topic!r}) is not a Kafka topic name: use up to "
                 "249 letters, digits, '.', '_' and '-'"
             )
-        headers: list[tuple[str, str | bytes | None]] = [(n, v.encode()) for n, v in text_headers(message).items()]
+        text = text_headers(message)
+        value = encode_payload(message)
+        if self.settings.format == cloudevents.CLOUDEVENTS:
+            text.update(cloudevents.binary_headers(message, "ce_"))
+            text["content-type"] = CONTENT_TYPE
+        elif self.settings.format == cloudevents.CLOUDEVENTS_STRUCTURED:
+            text["content-type"] = cloudevents.STRUCTURED_CONTENT_TYPE
+            value = cloudevents.structured(message)
+        headers: list[tuple[str, str | bytes | None]] = [(n, v.encode()) for n, v in text.items()]
         key = message.key.encode() if message.key is not None else None
 
         def report(err: KafkaError | None, record: Any) -> None:
@@ -317,7 +329,7 @@ class KafkaTransport(BrokerTransport):
 
         while True:
             try:
-                producer.produce(topic, value=encode_payload(message), key=key, headers=headers, on_delivery=report)
+                producer.produce(topic, value=value, key=key, headers=headers, on_delivery=report)
             except BufferError:
                 # librdkafka's queue is full (queue.buffering.max.*): serve reports, then try again
                 if time.monotonic() >= deadline:
