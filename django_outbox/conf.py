@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import datetime as dt
 import functools
+import re
 import sys
 from collections.abc import Mapping
 from dataclasses import dataclass
@@ -32,6 +33,23 @@ HANDLER_BACKEND = "django_outbox.transports.handler.HandlerTransport"
 EMAIL_TOPIC = "django_outbox.email"
 EMAIL_TRANSPORT = "django_outbox.email"
 EMAIL_TRANSPORT_BACKEND = "django_outbox.mail.transport.EmailTransport"
+
+
+#: RFC 3986: what a URI reference is made of (a percent sign only as ``%XX``).
+_URI_REFERENCE = re.compile(r"(?:[A-Za-z0-9\-._~:/?#\[\]@!$&'()*+,;=]|%[0-9A-Fa-f]{2})+")
+_SOURCE_HINT = "Example: 'https://shop.example.com/orders' or '/shop'."
+#: A CloudEvents ``source`` goes with every message; longer than this is a mistake.
+MAX_SOURCE_BYTES = 2048
+
+
+def _source_refused(source: str) -> str | None:
+    """Why ``source`` is not a URI reference (RFC 3986), which the CloudEvents ``source`` attribute must be."""
+    if _URI_REFERENCE.fullmatch(source) is None:
+        return (
+            f"= {shown(source)} is not a URI reference: letters, digits and - . _ ~ : / ? # [ ] @ ! $ & ' ( ) * + , ; ="
+            " only, anything else (a space, a non-ASCII letter, a lone %) percent-encoded."
+        )
+    return None
 
 
 @dataclass(frozen=True, kw_only=True, slots=True)
@@ -90,6 +108,7 @@ BAD_HEALTH_THRESHOLD = "django_outbox.E101"
 BAD_HEALTH_TOKEN = "django_outbox.E102"
 #: The shortest bearer token the health and metrics views accept: 128 bits of hex.
 HEALTH_TOKEN_MIN_LENGTH = 32
+BAD_CLOUDEVENTS_SOURCE = "django_outbox.E091"
 #: ``outbox_worker`` started with ``OUTBOX["EAGER"]`` on: settings meant for tests (management/commands).
 EAGER_WORKER = "django_outbox.W003"
 
@@ -314,6 +333,18 @@ class OutboxSettings:
                 _health_token_refused,
                 "Make one with: python -c 'import secrets; print(secrets.token_hex(32))'",
             ),
+        ),
+    )
+    #: The CloudEvents ``source`` attribute of every message sent with a FORMAT of "cloudevents*".
+    CLOUDEVENTS_SOURCE: str = option(
+        "/django-outbox",
+        kind=str,
+        nonempty=True,
+        max_bytes=MAX_SOURCE_BYTES,
+        id=BAD_CLOUDEVENTS_SOURCE,
+        hint="Example: 'https://shop.example.com/orders' or '/shop'.",
+        rules=(
+            Rule(BAD_CLOUDEVENTS_SOURCE, _source_refused, "Example: 'https://shop.example.com/orders' or '/shop'."),
         ),
     )
 

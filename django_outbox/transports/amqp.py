@@ -17,6 +17,7 @@ from typing import TYPE_CHECKING, Any, ClassVar
 
 from ..exceptions import MissingExtraError, TransientDeliveryError
 from ..options import Problem
+from . import cloudevents
 from .broker import (
     CONTENT_TYPE,
     MAX_NETWORK_TIMEOUT,
@@ -61,6 +62,8 @@ class AMQPOptions:
     connect_timeout: float = option(5.0, kind=float, minimum=0.1, maximum=MAX_NETWORK_TIMEOUT)
     #: Seconds; AMQP sends it as a 16-bit number, 0 turns heartbeats off.
     heartbeat: int | None = option(None, kind=(int, type(None)), minimum=0, maximum=65535)
+    #: "payload" (the properties below), or a CloudEvent per the RabbitMQ binding (binary or structured).
+    format: str = option(cloudevents.PAYLOAD, kind=str, choices=cloudevents.BROKER_FORMATS)
 
 
 _WAITING = object()
@@ -112,7 +115,7 @@ class AMQPTransport(BrokerTransport):
                 self._channel.basic_publish(
                     exchange=settings.exchange,
                     routing_key=render(settings.routing_key, message),
-                    body=encode_payload(message),
+                    body=self._body(message),
                     properties=self._properties(message),
                     mandatory=settings.mandatory,
                 )
@@ -136,11 +139,23 @@ class AMQPTransport(BrokerTransport):
         self._results = []
         return results
 
+    def _body(self, message: Message) -> bytes:
+        if self.settings.format == cloudevents.CLOUDEVENTS_STRUCTURED:
+            return cloudevents.structured(message)
+        return encode_payload(message)
+
     def _properties(self, message: Message) -> pika.BasicProperties:
+        """AMQP properties; in CloudEvents binary mode the attributes also travel as ``ce-`` headers
+        (the RabbitMQ binding), ``datacontenttype`` as ``content_type``."""
+        body_format = self.settings.format
         headers: dict[str, Any] = text_headers(message)
+        if body_format == cloudevents.CLOUDEVENTS:
+            headers.update(cloudevents.binary_headers(message, "ce-"))
         created = message.created_at or dt.datetime.now(dt.UTC)
         return pika.BasicProperties(
-            content_type=CONTENT_TYPE,
+            content_type=cloudevents.STRUCTURED_CONTENT_TYPE
+            if body_format == cloudevents.CLOUDEVENTS_STRUCTURED
+            else CONTENT_TYPE,
             delivery_mode=pika.spec.PERSISTENT_DELIVERY_MODE,
             message_id=str(message.uuid),
             timestamp=int(created.timestamp()),

@@ -17,8 +17,10 @@ from typing import TYPE_CHECKING, Any, ClassVar
 
 from ..exceptions import MissingExtraError, TransientDeliveryError
 from ..options import BAD_TEMPLATE, Problem, Rule, shown
+from . import cloudevents
 from .base import BAD_OPTION
 from .broker import (
+    CONTENT_TYPE,
     MAX_NETWORK_TIMEOUT,
     BrokerTransport,
     combination_error,
@@ -114,6 +116,8 @@ class NATSOptions:
     duplicate_window: float = option(120.0, kind=float, minimum=0.1, maximum=24 * 3600)
     ack_timeout: float = option(10.0, kind=float, minimum=0.1, maximum=MAX_NETWORK_TIMEOUT)
     connect_timeout: float = option(5.0, kind=float, minimum=0.1, maximum=MAX_NETWORK_TIMEOUT)
+    #: "payload" (the headers below), or a CloudEvent per the NATS binding (binary or structured).
+    format: str = option(cloudevents.PAYLOAD, kind=str, choices=cloudevents.BROKER_FORMATS)
 
 
 class NATSTransport(BrokerTransport):
@@ -170,9 +174,14 @@ class NATSTransport(BrokerTransport):
         for message, subject in zip(messages, subjects, strict=True):
             headers = text_headers(message)
             headers[MSG_ID_HEADER] = str(message.uuid)
-            futures.append(
-                await js.publish_async(subject, encode_payload(message), headers=headers, stream=settings.stream)
-            )
+            body = encode_payload(message)
+            if settings.format == cloudevents.CLOUDEVENTS:
+                headers.update(cloudevents.binary_headers(message, "ce-"))
+                headers["Content-Type"] = CONTENT_TYPE
+            elif settings.format == cloudevents.CLOUDEVENTS_STRUCTURED:
+                headers["Content-Type"] = cloudevents.STRUCTURED_CONTENT_TYPE
+                body = cloudevents.structured(message)
+            futures.append(await js.publish_async(subject, body, headers=headers, stream=settings.stream))
         await asyncio.wait(futures, timeout=settings.ack_timeout)
         results: list[BaseException | None] = []
         lost = False

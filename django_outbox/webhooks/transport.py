@@ -29,13 +29,15 @@ from typing import TYPE_CHECKING, Any, ClassVar
 from urllib.parse import urlsplit
 
 from django.core.serializers.json import DjangoJSONEncoder
-from django.utils import timezone
 from django.utils.module_loading import import_string
 
 from ..exceptions import MissingExtraError, PermanentDeliveryError, TransientDeliveryError
 from ..options import Problem, Rule, option, shown
+from ..transports import cloudevents
 from ..transports.base import BaseTransport
 from ..transports.broker import MAX_NETWORK_TIMEOUT
+from ..transports.cloudevents import CLOUDEVENTS, CLOUDEVENTS_STRUCTURED
+from ..transports.cloudevents import PAYLOAD as PAYLOAD  # re-exported: the FORMAT values are named here too
 from .signing import secret_key, sign
 from .ssrf import is_public_address
 
@@ -69,10 +71,10 @@ BAD_ALLOWED_HOSTS = "django_outbox.E046"
 UNKNOWN_OPTION = "django_outbox.E047"
 BAD_FORMAT = "django_outbox.E049"
 
-#: ``OPTIONS["FORMAT"]`` values: the Standard Webhooks envelope (default), or the bare payload.
+#: ``OPTIONS["FORMAT"]`` values: the Standard Webhooks envelope (default), the bare payload, or a CloudEvent
+#: (binary mode: ``ce-`` headers and the payload as body; structured: the JSON event format as body).
 STANDARD_WEBHOOKS = "standard-webhooks"
-PAYLOAD = "payload"
-FORMATS = (STANDARD_WEBHOOKS, PAYLOAD)
+FORMATS = (STANDARD_WEBHOOKS, PAYLOAD, CLOUDEVENTS, CLOUDEVENTS_STRUCTURED)
 
 
 @dataclass(frozen=True, kw_only=True, slots=True)
@@ -262,15 +264,8 @@ def _header_value(text: str) -> str:
     return urllib.parse.quote(text, safe="".join(chr(c) for c in range(0x21, 0x7F) if chr(c) != "%"))
 
 
-def utc_timestamp(when: dt.datetime) -> str:
-    """``when`` in UTC as ISO 8601 with microseconds and ``Z``: ``2026-12-01T12:00:00.123456Z``.
-
-    A naive datetime (``USE_TZ = False``) is wall-clock time in ``TIME_ZONE``, as Django stores it, not
-    UTC: read as UTC it would be hours off in every project outside UTC.
-    """
-    if timezone.is_naive(when):
-        when = timezone.make_aware(when, timezone.get_default_timezone())
-    return when.astimezone(dt.UTC).strftime("%Y-%m-%dT%H:%M:%S.%fZ")
+#: ``when`` in UTC as ISO 8601 with microseconds and ``Z`` (a naive datetime read in ``TIME_ZONE``).
+utc_timestamp = cloudevents.utc_timestamp
 
 
 def webhook_body(message: Message, body_format: str = STANDARD_WEBHOOKS) -> bytes:
@@ -278,8 +273,11 @@ def webhook_body(message: Message, body_format: str = STANDARD_WEBHOOKS) -> byte
 
     ``standard-webhooks``: ``{"type": topic, "timestamp": created_at in UTC, "data": payload}``, the
     envelope the specification recommends, whatever JSON the payload is (object, list, string, number
-    or null); ``payload``: the payload alone.
+    or null); ``payload`` and ``cloudevents`` (binary mode, the attributes in headers): the payload alone;
+    ``cloudevents-structured``: the CloudEvents JSON event format, the payload as its ``data``.
     """
+    if body_format == CLOUDEVENTS_STRUCTURED:
+        return cloudevents.structured(message)
     content: Any = message.payload
     if body_format == STANDARD_WEBHOOKS:
         content = {"type": message.topic, "timestamp": utc_timestamp(message.created_at), "data": message.payload}
@@ -288,8 +286,8 @@ def webhook_body(message: Message, body_format: str = STANDARD_WEBHOOKS) -> byte
 
 _URL_EXAMPLE = "Example: 'https://hooks.example.com/in'."
 _FORMAT_HINT = (
-    f"Use {STANDARD_WEBHOOKS!r} (the default: the Standard Webhooks envelope) or {PAYLOAD!r} (the bare "
-    "payload); 'cloudevents' is not available yet."
+    f"Use {STANDARD_WEBHOOKS!r} (the default: the Standard Webhooks envelope), {PAYLOAD!r} (the bare "
+    f"payload), {CLOUDEVENTS!r} (CloudEvents binary mode) or {CLOUDEVENTS_STRUCTURED!r}."
 )
 
 
@@ -354,7 +352,7 @@ class WebhookOptions:
         expected="a list of host names",
         hint="Example: 'ALLOWED_HOSTS': ['127.0.0.1'].",
     )
-    #: What the body is: the Standard Webhooks envelope, or the payload alone (as before the envelope).
+    #: What the body is: the Standard Webhooks envelope, the payload alone (as before the envelope), or a CloudEvent.
     format: str = option(STANDARD_WEBHOOKS, kind=str, choices=FORMATS, id=BAD_FORMAT, hint=_FORMAT_HINT)
 
 
@@ -407,11 +405,15 @@ class WebhookTransport(BaseTransport):
             secret_key(target.secret)
         except ValueError as exc:
             raise PermanentDeliveryError(f"unusable webhook secret for {target.url}: {exc}") from exc
-        body = webhook_body(message, self.settings.format)
+        body = webhook_body(message, self.settings.format)  # the bytes signed are the bytes sent
         msg_id = str(message.uuid)
         timestamp = int(time.time())
+        body_format = self.settings.format
         headers = {
-            "Content-Type": "application/json",
+            "Content-Type": cloudevents.STRUCTURED_CONTENT_TYPE
+            if body_format == CLOUDEVENTS_STRUCTURED
+            else "application/json",
+            **(cloudevents.binary_headers(message, "ce-", percent_encode=True) if body_format == CLOUDEVENTS else {}),
             "webhook-id": msg_id,
             "webhook-timestamp": str(timestamp),
             "webhook-signature": sign(target.secret, msg_id, timestamp, body),

@@ -76,6 +76,7 @@ PUBLIC_NAMES: dict[str, list[str]] = {
     "django_outbox.transports.amqp": ["AMQPTransport"],
     "django_outbox.transports.redis": ["RedisStreamsTransport"],
     "django_outbox.transports.nats": ["NATSTransport"],
+    "django_outbox.transports.kafka": ["KafkaTransport"],
     "django_outbox.mail.transport": ["EmailTransport"],
 }
 if django.VERSION >= (6, 0):  # django.tasks is new in Django 6.0 (tests/unit/test_tasks_versions.py for 5.2)

@@ -15,12 +15,14 @@ from django_outbox.exceptions import MissingExtraError, OutboxImproperlyConfigur
 from django_outbox.routing import resolve_transport
 from django_outbox.transports.amqp import AMQPTransport
 from django_outbox.transports.broker import redact
+from django_outbox.transports.kafka import KafkaTransport
 from django_outbox.transports.nats import NATSTransport
 from django_outbox.transports.redis import RedisStreamsTransport
 
 AMQP = "django_outbox.transports.amqp.AMQPTransport"
 REDIS = "django_outbox.transports.redis.RedisStreamsTransport"
 NATS = "django_outbox.transports.nats.NATSTransport"
+KAFKA = "django_outbox.transports.kafka.KafkaTransport"
 
 
 def ids_for(backend: str, options: dict[str, Any]) -> list[str]:
@@ -96,7 +98,7 @@ def test_check_messages_say_what_to_fix():
 
 
 def test_unknown_backend_is_reported_before_anything_runs():
-    found = ids_for("django_outbox.transports.kafka.KafkaTransport", {})
+    found = ids_for("django_outbox.transports.pulsar.PulsarTransport", {})
     assert found == ["django_outbox.E011"]
 
 
@@ -123,6 +125,7 @@ def test_passwords_are_kept_out_of_messages():
         ("django_outbox.transports.amqp", "pika", "amqp", AMQP),
         ("django_outbox.transports.redis", "redis", "redis", REDIS),
         ("django_outbox.transports.nats", "nats", "nats", NATS),
+        ("django_outbox.transports.kafka", "confluent_kafka", "kafka", KAFKA),
     ],
 )
 def test_a_missing_extra_names_itself(monkeypatch, module, package, extra, backend):
@@ -145,3 +148,4 @@ def test_transports_batch():
     assert AMQPTransport.supports_batch()
     assert RedisStreamsTransport.supports_batch()
     assert NATSTransport.supports_batch()
+    assert KafkaTransport.supports_batch()
