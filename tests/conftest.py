@@ -72,6 +72,13 @@ def postgres() -> None:
 
 
 @pytest.fixture
+def mysql() -> None:
+    """For tests of MariaDB/MySQL-only behaviour (skipped on the other databases)."""
+    if connection.vendor != "mysql":
+        pytest.skip("MariaDB/MySQL-only behaviour; this run uses " + connection.vendor)
+
+
+@pytest.fixture
 def handler() -> Iterator[Callable[[str, Callable[..., object]], None]]:
     """Register handlers for the test only."""
     added: list[str] = []

@@ -18,6 +18,7 @@ from django.conf import settings
 from django.db.backends.base.base import BaseDatabaseWrapper
 from django.utils import timezone
 
+from . import mysql
 from .cursors import unprepared_on_loss, worker_cursor
 from .db import (
     DEAD,
@@ -26,6 +27,7 @@ from .db import (
     PROCESSING,
     SERVER_NOW,
     connection,
+    is_mysql,
     is_pg,
     literal,
     prep_dt,
@@ -204,6 +206,20 @@ def _claim_once(
     topics: Sequence[str] | None,
     ids: Sequence[int] | None = None,
 ) -> tuple[list[Message], int]:
+    if is_mysql(conn):  # two statements in one short transaction (store.mysql)
+        topic_sql, topic_params = _mysql_filter(topics, ids)
+        messages = mysql.claim(
+            alias,
+            conn,
+            worker=worker,
+            limit=limit,
+            lease_seconds=lease_seconds,
+            topic_sql=topic_sql,
+            topic_params=topic_params,
+            blocking=blocking_statuses(),
+            attempts_max=ATTEMPTS_MAX,
+        )
+        return messages, 0
     sql, params = claim_sql(conn, worker=worker, limit=limit, lease_seconds=lease_seconds, topics=topics, ids=ids)
     with worker_cursor(conn) as cursor:
         with walking_plan(conn):
@@ -211,6 +227,16 @@ def _claim_once(
         rows = cursor.fetchall()
     fenced = int(rows[0][-1]) if rows and is_pg(conn) else 0
     return to_messages(alias, conn, (row[:-1] for row in rows if row[0] is not None)), fenced
+
+
+def _mysql_filter(topics: Sequence[str] | None, ids: Sequence[int] | None) -> tuple[str, list[Any]]:
+    topic_sql, params = topic_filter(topics, column="c.topic", escape=mysql.LIKE_ESCAPE)
+    topic_params: list[Any] = list(params)
+    if ids is not None:
+        wanted = [int(i) for i in ids]
+        topic_sql += f" AND c.id IN ({', '.join(['%s'] * len(wanted))})" if wanted else " AND FALSE"
+        topic_params += wanted
+    return topic_sql, topic_params
 
 
 _PLAN_AS_A_WALK = (
@@ -266,6 +292,8 @@ def next_due(alias: str, *, topics: Sequence[str] | None = None) -> float | None
     worker sleeps the right time whatever its own clock says.
     """
     conn = connection(alias)
+    if is_mysql(conn):
+        return mysql.next_due_seconds(conn, *topic_filter(topics, escape=mysql.LIKE_ESCAPE))
     topic_sql, topic_params = topic_filter(topics)
     pg = is_pg(conn)
     now = None if pg else timezone.now()
@@ -336,7 +364,7 @@ def work_in_progress(alias: str, *, topics: Sequence[str] | None = None) -> bool
     later, or held behind an earlier message of their key, do not count.
     """
     conn = connection(alias)
-    topic_sql, topic_params = topic_filter(topics)
+    topic_sql, topic_params = topic_filter(topics, escape=mysql.LIKE_ESCAPE if is_mysql(conn) else "\\")
     with conn.cursor() as cursor:
         cursor.execute(f"SELECT 1 FROM {MESSAGE} WHERE status = %s{topic_sql} LIMIT 1", [PROCESSING, *topic_params])
         if cursor.fetchone() is not None:
