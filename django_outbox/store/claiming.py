@@ -369,6 +369,10 @@ def work_in_progress(alias: str, *, topics: Sequence[str] | None = None) -> bool
         cursor.execute(f"SELECT 1 FROM {MESSAGE} WHERE status = %s{topic_sql} LIMIT 1", [PROCESSING, *topic_params])
         if cursor.fetchone() is not None:
             return True
+        if is_mysql(conn):
+            # A due head the claim did not get is being claimed by a peer (its two statements not committed
+            # yet, so it is not "processing" to this read): wait for it, it may fail and come back.
+            return mysql.due_head_exists(conn, topics, blocking_statuses())
         if not is_pg(conn):
             return False
         fenced_sql, fenced_params = _fenced_heads_sql(conn, topics)

@@ -208,6 +208,22 @@ def claim(
     return to_messages(alias, conn, rows)
 
 
+def due_head_exists(conn: BaseDatabaseWrapper, topics: Any, blocking: tuple[str, ...]) -> bool:
+    """A due pending message at the head of its key (or keyless), read without locking."""
+    from .db import topic_filter
+
+    topic_sql, topic_params = topic_filter(topics, column="c.topic", escape=LIKE_ESCAPE)
+    now, now_params = now_sql(conn)
+    with conn.cursor() as cursor:
+        cursor.execute(
+            f"SELECT 1 FROM {MESSAGE} AS c WHERE c.status = {literal(PENDING)} AND c.available_at <= {now}{topic_sql}"
+            f" AND (c.key IS NULL OR NOT EXISTS (SELECT 1 FROM {MESSAGE} AS b WHERE b.key = c.key AND b.id < c.id"
+            f" AND b.status IN ({', '.join(map(literal, blocking))}))) LIMIT 1",
+            [*now_params, *topic_params],
+        )
+        return cursor.fetchone() is not None
+
+
 def next_due_seconds(conn: BaseDatabaseWrapper, topic_sql: str, topic_params: list[Any]) -> float | None:
     """Seconds until the earliest future ``available_at`` of a pending message, on the server's clock."""
     now, now_params = now_sql(conn)
