@@ -25,6 +25,9 @@ from urllib.parse import urlparse
 
 ROOT = Path(__file__).resolve().parent
 DEFAULT_PG_URL = "postgres://postgres@127.0.0.1:5432/test"
+DEFAULT_MARIADB_URL = "mysql://root@127.0.0.1:3306/test"
+#: What the MariaDB cells run: the layers proven there so far (issue 20); the acceptance suites follow.
+MARIADB_TESTS = ["tests/unit", "tests/db", "tests/worker", "tests/acceptance/test_worker_processes.py"]
 #: Run once more with USE_TZ = False (naive times in a zone away from UTC): what handles time.
 NAIVE_TIME_TESTS = [
     "tests/db/test_housekeeping.py",
@@ -117,10 +120,11 @@ def main_venv() -> Path:
     return ensure_venv(ROOT / ".venv", sys.executable, "django>=5.2,<6")
 
 
-def postgres_reachable(url: str) -> bool:
+def postgres_reachable(url: str, *, default_port: int = 5432) -> bool:
+    """Whether the database server of ``url`` accepts connections (PostgreSQL, or MariaDB on 3306)."""
     parsed = urlparse(url)
     try:
-        with socket.create_connection((parsed.hostname or "127.0.0.1", parsed.port or 5432), timeout=2):
+        with socket.create_connection((parsed.hostname or "127.0.0.1", parsed.port or default_port), timeout=2):
             return True
     except OSError:
         return False
@@ -146,14 +150,21 @@ def cmd_test(args: argparse.Namespace) -> None:
         run(python, "-m", "mkdocs", "build", "--strict", "--quiet", env={"NO_MKDOCS_2_WARNING": "1"})
     pg_url = os.environ.get("DATABASE_URL") or DEFAULT_PG_URL
     have_pg = postgres_reachable(pg_url)
-    if not have_pg:
+    if not have_pg and args.database in ("all", "postgresql"):
         if ci:
             sys.exit(f"PostgreSQL is not reachable at {pg_url}; under CI=true that is a failure.")
         print(f"! PostgreSQL not reachable at {pg_url}: running on SQLite only", flush=True)
+    mariadb_url = os.environ.get("MARIADB_URL") or DEFAULT_MARIADB_URL
+    want_mariadb = args.database in ("all", "mariadb")
+    have_mariadb = want_mariadb and postgres_reachable(mariadb_url, default_port=3306)
+    if want_mariadb and not have_mariadb:
+        if ci:
+            sys.exit(f"MariaDB is not reachable at {mariadb_url}; under CI=true that is a failure.")
+        print(f"! MariaDB not reachable at {mariadb_url}: skipping the MariaDB runs", flush=True)
     runs: list[tuple[str, Path, dict[str, str]]] = []
     pooler_modes = ["transaction", "session"] if args.pooler == "both" else [args.pooler]
     if (args.pooler != "none" and not pytest_args) or args.pooler not in ("both", "none"):
-        if not have_pg or args.database == "sqlite":
+        if not have_pg or args.database in ("sqlite", "mariadb"):
             pooler_modes = []
         elif not PGBOUNCER.exists():
             if ci:
@@ -170,7 +181,9 @@ def cmd_test(args: argparse.Namespace) -> None:
         runs.append(("Django 5.2 / SQLite", python, {"DATABASE_URL": ""}))
     if args.database in ("all", "postgresql") and have_pg:
         runs.append(("Django 5.2 / PostgreSQL", python, {"DATABASE_URL": pg_url}))
-    naive = [] if pytest_args else [label for label, _, _ in runs]  # only for a whole-suite run
+    if have_mariadb:
+        runs.append(("Django 5.2 / MariaDB", python, {"DATABASE_URL": mariadb_url}))
+    naive = [] if pytest_args else [label for label, _, _ in runs if "MariaDB" not in label]  # whole-suite runs
     if not args.no_django6:
         newer = find_python(12)
         if newer is None:
@@ -183,13 +196,16 @@ def cmd_test(args: argparse.Namespace) -> None:
                 runs.append(("Django 6.x / PostgreSQL", python6, {"DATABASE_URL": pg_url}))
             if args.database in ("all", "sqlite"):
                 runs.append(("Django 6.x / SQLite", python6, {"DATABASE_URL": ""}))
+            if have_mariadb:
+                runs.append(("Django 6.x / MariaDB", python6, {"DATABASE_URL": mariadb_url}))
     failed = []
     for label, interpreter, env in runs:
         # Heavy suites (real worker processes, poolers, shifted clocks, browsers: marked slow) run once,
         # in the Django 5.2 cells; the Django 6.x cells run the rest.
         once = ["-m", "not slow"] if label.startswith("Django 6") and not pytest_args else []
         print(f"\n=== {label}{' (without the slow suites, run above)' if once else ''} ===", flush=True)
-        if run(interpreter, "-m", "pytest", *once, *pytest_args, env=env, check=False) != 0:
+        selected = pytest_args or (MARIADB_TESTS if "MariaDB" in label else [])
+        if run(interpreter, "-m", "pytest", *once, *selected, env=env, check=False) != 0:
             failed.append(label)
     for label, mode in pooled:
         print(f"\n=== {label} ===", flush=True)
@@ -229,7 +245,7 @@ def main() -> None:
     demo.add_argument("--orders", type=int, default=5)
     demo.set_defaults(func=cmd_demo)
     test = sub.add_parser("test", help="lint, type-check and run the test suite")
-    test.add_argument("--database", choices=["all", "sqlite", "postgresql"], default="all")
+    test.add_argument("--database", choices=["all", "sqlite", "postgresql", "mariadb"], default="all")
     test.add_argument("--no-django6", action="store_true", help="skip the Django 6.x runs")
     test.add_argument("--no-lint", action="store_true", help="skip ruff and mypy")
     test.add_argument(

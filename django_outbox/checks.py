@@ -20,12 +20,22 @@ from .exceptions import MissingExtraError, OutboxImproperlyConfigured
 from .options import check_failed, register_check
 from .store import SUPPORTED_VENDORS
 
-#: The outbox database is neither PostgreSQL nor SQLite.
+#: The outbox database is neither PostgreSQL, SQLite nor MariaDB/MySQL.
 UNSUPPORTED_DATABASE = "django_outbox.E005"
 #: SQLite with deferred transactions: concurrent writers may hit "database is locked".
 SQLITE_DEFERRED = "django_outbox.W001"
 #: The workers' LISTEN hears nothing sent through OUTBOX["DATABASE"]: they will only poll.
 LISTEN_HEARS_NOTHING = "django_outbox.W002"
+#: MariaDB below 10.6 or MySQL below 8.0.1 (no SKIP LOCKED), or below what the installed Django supports.
+MYSQL_TOO_OLD = "django_outbox.E110"
+#: Statement-based binary logging: SKIP LOCKED is unsafe for it (ER_BINLOG_UNSAFE_SKIP_LOCKED).
+MYSQL_STATEMENT_BINLOG = "django_outbox.E111"
+#: An isolation level under which the claim's head-of-key probe locks (SERIALIZABLE) or reads uncommitted rows.
+MYSQL_ISOLATION = "django_outbox.E112"
+#: No index behind the claim's ORDER BY: SKIP LOCKED sessions then lock what they scan and starve each other.
+MYSQL_CLAIM_INDEX = "django_outbox.E113"
+#: Migration 0009 is not applied: no unique idempotency key index, no per-key lock rows.
+MYSQL_SHAPES_MISSING = "django_outbox.E114"
 
 
 @register_check(Tags.compatibility)
@@ -115,7 +125,8 @@ def database_messages(alias: str, db: Mapping[str, Any]) -> list[CheckMessage]:
     if vendor not in SUPPORTED_VENDORS:
         return [
             Error(
-                f"The outbox database {alias!r} uses {engine}; django_outbox supports PostgreSQL and SQLite.",
+                f"The outbox database {alias!r} uses {engine}; django_outbox supports PostgreSQL, SQLite and "
+                "MariaDB/MySQL.",
                 hint="Point OUTBOX['DATABASE'] at a supported database.",
                 id=UNSUPPORTED_DATABASE,
             )
@@ -131,3 +142,91 @@ def database_messages(alias: str, db: Mapping[str, Any]) -> list[CheckMessage]:
             )
         ]
     return []
+
+
+@register_check(Tags.database)
+def check_mysql(
+    app_configs: Sequence[AppConfig] | None = None, databases: Sequence[str] | None = None, **kwargs: Any
+) -> list[CheckMessage]:
+    """E110-E114: a MariaDB/MySQL server the claim cannot rely on. A database check: it connects."""
+    alias = conf.get_settings().DATABASE if not conf.problems() else "default"
+    if not databases or alias not in databases:
+        return []
+    from django.db import connections
+    from django.db.utils import NotSupportedError
+
+    conn = connections[alias]
+    if conn.vendor != "mysql":
+        return []
+    from .store import mysql
+
+    try:
+        facts = mysql.server_facts(conn)
+    except NotSupportedError as exc:  # Django's own minimum, refused when it connects
+        return [
+            Error(
+                f"Database {alias!r}: {exc}",
+                hint="Upgrade the server to what the installed Django supports (docs/databases.md).",
+                id=MYSQL_TOO_OLD,
+            )
+        ]
+    return mysql_messages(alias, facts)
+
+
+def mysql_messages(alias: str, facts: Mapping[str, Any]) -> list[CheckMessage]:
+    """The findings for one server's facts (``store.mysql.server_facts``); apart so tests can feed any."""
+    found: list[CheckMessage] = []
+    from .store import mysql
+
+    minimum = mysql.MARIADB_MIN if facts["mariadb"] else mysql.MYSQL_MIN
+    if tuple(facts["version_tuple"]) < minimum:
+        name = "MariaDB" if facts["mariadb"] else "MySQL"
+        found.append(
+            Error(
+                f"Database {alias!r} is {name} {facts['version']}, which has no SELECT ... FOR UPDATE SKIP LOCKED; "
+                f"the outbox needs {name} {'.'.join(map(str, minimum))} or later.",
+                hint="Upgrade the server (docs/databases.md).",
+                id=MYSQL_TOO_OLD,
+            )
+        )
+    if facts["log_bin"] and facts["binlog_format"] == "STATEMENT":
+        found.append(
+            Error(
+                f"Database {alias!r} logs statements (binlog_format = STATEMENT): the claim's SKIP LOCKED is unsafe "
+                "for statement-based replication (ER_BINLOG_UNSAFE_SKIP_LOCKED), and replicas may differ.",
+                hint="Set binlog_format = ROW (or MIXED) on the server.",
+                id=MYSQL_STATEMENT_BINLOG,
+            )
+        )
+    if facts["isolation"] not in ("READ-COMMITTED", "REPEATABLE-READ"):
+        found.append(
+            Error(
+                f"Database {alias!r} runs at {facts['isolation']}: under SERIALIZABLE the claim's check for an "
+                "earlier message of a key takes shared locks that stall producers and other workers; under "
+                "READ UNCOMMITTED it sees rows that may roll back.",
+                hint="Use Django's default, DATABASES[...]['OPTIONS']['isolation_level'] = 'read committed'.",
+                id=MYSQL_ISOLATION,
+            )
+        )
+    indexes = facts["indexes"]
+    if indexes and indexes.get(mysql.CLAIM_INDEX) != "status,id":
+        found.append(
+            Error(
+                f"Database {alias!r}: the message table lacks index {mysql.CLAIM_INDEX} (status, id), which the "
+                "claim's ORDER BY walks; without it two workers' SKIP LOCKED claims lock what they scan and one "
+                "gets nothing.",
+                hint="Run manage.py migrate django_outbox; do not drop the outbox's indexes.",
+                id=MYSQL_CLAIM_INDEX,
+            )
+        )
+    if indexes and (mysql.IDEMPOTENCY_INDEX not in indexes or not facts["key_lock"]):
+        found.append(
+            Error(
+                f"Database {alias!r}: migration 0009 is not applied (no unique index on idempotency_key, or no "
+                "django_outbox_key_lock table): a repeated idempotency key would write a second message, and a "
+                "key's messages could commit out of order.",
+                hint="Run manage.py migrate django_outbox.",
+                id=MYSQL_SHAPES_MISSING,
+            )
+        )
+    return found

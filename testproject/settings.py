@@ -60,6 +60,11 @@ if DATABASES["default"]["ENGINE"] == "django.db.backends.sqlite3":
     # A file, not memory, so that worker processes started by the tests see the test database.
     DATABASES["default"]["TEST"] = {"NAME": env("SQLITE_TEST_PATH", default=str(BASE_DIR / "test.sqlite3"))}
 
+if DATABASES["default"]["ENGINE"] == "django.db.backends.mysql":
+    # utf8mb4: four-byte characters (emoji) in payloads, keys and errors; the test database made so too.
+    DATABASES["default"].setdefault("OPTIONS", {}).setdefault("charset", "utf8mb4")
+    DATABASES["default"]["TEST"] = {"CHARSET": "utf8mb4", "COLLATION": "utf8mb4_unicode_ci"}
+
 DEFAULT_AUTO_FIELD = "django.db.models.BigAutoField"
 USE_TZ = True
 TIME_ZONE = "UTC"

@@ -72,6 +72,21 @@ def postgres() -> None:
 
 
 @pytest.fixture
+def server_database() -> None:
+    """For tests that need a database server with row locks shared by many processes (PostgreSQL,
+    MariaDB/MySQL): SQLite serialises its writers."""
+    if connection.vendor not in ("postgresql", "mysql"):
+        pytest.skip("needs PostgreSQL or MariaDB; this run uses " + connection.vendor)
+
+
+@pytest.fixture
+def mysql() -> None:
+    """For tests of MariaDB/MySQL-only behaviour (skipped on the other databases)."""
+    if connection.vendor != "mysql":
+        pytest.skip("MariaDB/MySQL-only behaviour; this run uses " + connection.vendor)
+
+
+@pytest.fixture
 def handler() -> Iterator[Callable[[str, Callable[..., object]], None]]:
     """Register handlers for the test only."""
     added: list[str] = []

@@ -28,7 +28,7 @@ if _other["ENGINE"] == "django.db.backends.sqlite3":
     _other["TEST"] = {"NAME": str(BASE_DIR / "test-other.sqlite3")}  # noqa: F405
 else:
     _other["NAME"] = f"{_other['NAME']}_other"
-    _other["TEST"] = {}
+    _other["TEST"] = {k: v for k, v in _other.get("TEST", {}).items() if k in ("CHARSET", "COLLATION")}
 DATABASES["other"] = _other  # noqa: F405
 
 # Worker processes started by a test may run with other connection settings (Django's pool, CONN_MAX_AGE).

@@ -12,7 +12,7 @@ import datetime as dt
 import uuid
 from dataclasses import dataclass
 
-from django.db import OperationalError, connections, transaction
+from django.db import IntegrityError, OperationalError, connections, transaction
 from django.db.models import QuerySet
 from django.utils import timezone
 
@@ -21,6 +21,8 @@ from ..models import IdempotencyRecord
 TABLE = IdempotencyRecord._meta.db_table
 IN_PROGRESS = IdempotencyRecord.State.IN_PROGRESS.value
 COMPLETED = IdempotencyRecord.State.COMPLETED.value
+#: MySQL's duplicate entry in a unique index (ER_DUP_ENTRY).
+DUPLICATE_ENTRY = 1062
 
 
 @dataclass(frozen=True, kw_only=True, slots=True)
@@ -72,6 +74,19 @@ def _insert(
 ) -> bool:
     conn = connections[alias]
     adapt = conn.ops.adapt_datetimefield_value
+    if conn.vendor == "mysql":  # no ON CONFLICT; a duplicate undoes this statement only, not the transaction
+        try:
+            with conn.cursor() as cursor:
+                cursor.execute(
+                    f"INSERT INTO {TABLE} (scope, `key`, fingerprint, state, lock_token, locked_until, created_at,"
+                    " expires_at) VALUES (%s, %s, %s, %s, %s, %s, %s, %s)",
+                    [scope, key, fingerprint, IN_PROGRESS, token, adapt(lock_until), adapt(now), adapt(expires_at)],
+                )
+        except IntegrityError as exc:
+            if connection_vendor_error(exc.__cause__) == DUPLICATE_ENTRY:
+                return False
+            raise
+        return True
     with conn.cursor() as cursor:
         cursor.execute(
             f"INSERT INTO {TABLE} (scope, key, fingerprint, state, lock_token, locked_until, created_at, expires_at)"
@@ -100,7 +115,16 @@ def _decide(record: IdempotencyRecord, fingerprint: str, now: dt.datetime) -> De
 
 def _lock_not_available(exc: OperationalError) -> bool:
     cause = exc.__cause__
-    return getattr(cause, "sqlstate", None) == "55P03" or getattr(cause, "pgcode", None) == "55P03"
+    if getattr(cause, "sqlstate", None) == "55P03" or getattr(cause, "pgcode", None) == "55P03":
+        return True
+    # MariaDB answers NOWAIT with a lock wait timeout (1205), MySQL with ER_LOCK_NOWAIT (3572).
+    return connection_vendor_error(cause) in (1205, 3572)
+
+
+def connection_vendor_error(cause: BaseException | None) -> int | None:
+    """The MySQL error number of a driver exception, if it is one of mysqlclient's."""
+    args = getattr(cause, "args", ())
+    return args[0] if type(cause).__module__.startswith("MySQLdb") and args and isinstance(args[0], int) else None
 
 
 def claim(alias: str, *, scope: str, key: str, fingerprint: str, ttl: dt.timedelta, lock_for: dt.timedelta) -> Decision:

@@ -23,7 +23,7 @@ from contextlib import contextmanager
 from dataclasses import dataclass
 from typing import Generic, ParamSpec, TypeVar
 
-from django.db import connections, transaction
+from django.db import IntegrityError, connections, transaction
 from django.utils import timezone
 
 from ..conf import get_settings
@@ -73,14 +73,27 @@ def _record(alias: str, source: str, message_id: str, now: dt.datetime) -> dt.da
     caller's transaction, and this is where PostgreSQL makes a concurrent duplicate wait.
     """
     conn = connections[alias]
-    with conn.cursor() as cursor:
-        cursor.execute(
-            f"INSERT INTO {TABLE} (source, message_id, received_at) VALUES (%s, %s, %s)"
-            " ON CONFLICT (source, message_id) DO NOTHING",
-            [source, message_id, conn.ops.adapt_datetimefield_value(now)],
-        )
-        if cursor.rowcount == 1:
+    if conn.vendor == "mysql":  # no ON CONFLICT; a duplicate undoes this statement only (and waits, as here)
+        try:
+            with conn.cursor() as cursor:
+                cursor.execute(
+                    f"INSERT INTO {TABLE} (source, message_id, received_at) VALUES (%s, %s, %s)",
+                    [source, message_id, conn.ops.adapt_datetimefield_value(now)],
+                )
             return None
+        except IntegrityError as exc:
+            args = getattr(exc.__cause__, "args", ())
+            if not (args and args[0] == 1062):  # ER_DUP_ENTRY
+                raise
+    else:
+        with conn.cursor() as cursor:
+            cursor.execute(
+                f"INSERT INTO {TABLE} (source, message_id, received_at) VALUES (%s, %s, %s)"
+                " ON CONFLICT (source, message_id) DO NOTHING",
+                [source, message_id, conn.ops.adapt_datetimefield_value(now)],
+            )
+            if cursor.rowcount == 1:
+                return None
     first = (
         InboxMessage.objects.using(alias)
         .filter(source=source, message_id=message_id)

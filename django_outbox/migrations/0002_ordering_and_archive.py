@@ -121,7 +121,9 @@ class Migration(migrations.Migration):
                 'managed': False,
             },
         ),
-        migrations.RunPython(create_archive_tables, drop_archive_tables),
+        # atomic=False: MariaDB/MySQL cannot roll DDL back, and Django refuses DDL inside a transaction there
+        # (PostgreSQL and SQLite run the whole migration in one transaction anyway).
+        migrations.RunPython(create_archive_tables, drop_archive_tables, atomic=False),
         migrations.AddField(
             model_name='message',
             name='visible_after_xid',

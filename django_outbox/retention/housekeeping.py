@@ -50,6 +50,7 @@ from ..store.db import (
     MESSAGE,
     WORKER,
     connection,
+    is_mysql,
     is_pg,
     prep_dt,
 )
@@ -195,11 +196,12 @@ def _batches(
     Returns whether nothing is left.
     """
     while True:
-        done = (
-            _batch_pg(conn, cutoff, batch_size, archive)
-            if is_pg(conn)
-            else _batch_sqlite(conn, cutoff, batch_size, archive)
-        )
+        if is_pg(conn):
+            done = _batch_pg(conn, cutoff, batch_size, archive)
+        elif is_mysql(conn):
+            done = _batch_mysql(conn, cutoff, batch_size, archive)
+        else:
+            done = _batch_sqlite(conn, cutoff, batch_size, archive)
         if archive is None:
             report.deleted += done
         else:
@@ -264,9 +266,66 @@ def _batch_sqlite(conn: BaseDatabaseWrapper, cutoff: dt.datetime, batch_size: in
         return int(cursor.rowcount)
 
 
+def _batch_mysql(conn: BaseDatabaseWrapper, cutoff: dt.datetime, batch_size: int, archive: dt.datetime | None) -> int:
+    """MariaDB/MySQL: the batch's ids first, locked with ``SKIP LOCKED`` (concurrent rounds share the work
+    out); an ``IN`` subquery with ``LIMIT`` is refused there, and a statement may not read the table it
+    deletes from."""
+    with transaction.atomic(using=conn.alias), conn.cursor() as cursor:
+        cursor.execute(
+            _finished_sql("LIMIT %s FOR UPDATE SKIP LOCKED"),
+            [DELIVERED, CANCELLED, prep_dt(conn, cutoff), prep_dt(conn, cutoff), batch_size],
+        )
+        ids = [row[0] for row in cursor.fetchall()]
+        if not ids:
+            return 0
+        batch = ", ".join(["%s"] * len(ids))
+        if archive is not None:
+            when = prep_dt(conn, archive)
+            columns = ", ".join(conn.ops.quote_name(c.strip()) for c in _MESSAGE_COLUMNS.split(","))  # `key`
+            cursor.execute(
+                f"INSERT INTO {ARCHIVED_MESSAGE} ({columns}, archived_at)"
+                f" SELECT {columns}, %s FROM {MESSAGE} WHERE id IN ({batch})",
+                [when, *ids],
+            )
+            cursor.execute(
+                f"INSERT INTO {ARCHIVED_ATTEMPT} ({_ATTEMPT_COLUMNS}, archived_at)"
+                f" SELECT {_ATTEMPT_COLUMNS}, %s FROM {ATTEMPT} WHERE message_id IN ({batch})",
+                [when, *ids],
+            )
+        cursor.execute(f"DELETE FROM {ATTEMPT} WHERE message_id IN ({batch})", ids)
+        cursor.execute(f"DELETE FROM {MESSAGE} WHERE id IN ({batch})", ids)
+        return int(cursor.rowcount)
+
+
+def _prune_archive_mysql(
+    conn: BaseDatabaseWrapper, cutoff: dt.datetime, batch_size: int, deadline: float | None, report: Report
+) -> None:
+    when = prep_dt(conn, cutoff)
+    while True:
+        with transaction.atomic(using=conn.alias), conn.cursor() as cursor:
+            cursor.execute(
+                f"SELECT id FROM {ARCHIVED_MESSAGE} WHERE archived_at < %s ORDER BY archived_at LIMIT %s"
+                " FOR UPDATE SKIP LOCKED",
+                [when, batch_size],
+            )
+            ids = [row[0] for row in cursor.fetchall()]
+            done = 0
+            if ids:
+                batch = ", ".join(["%s"] * len(ids))
+                cursor.execute(f"DELETE FROM {ARCHIVED_ATTEMPT} WHERE message_id IN ({batch})", ids)
+                cursor.execute(f"DELETE FROM {ARCHIVED_MESSAGE} WHERE id IN ({batch})", ids)
+                done = int(cursor.rowcount)
+        report.archive_deleted += done
+        if done < batch_size or (deadline is not None and time.monotonic() > deadline):
+            return
+
+
 def _prune_archive(
     conn: BaseDatabaseWrapper, cutoff: dt.datetime, batch_size: int, deadline: float | None, report: Report
 ) -> None:
+    if is_mysql(conn):
+        _prune_archive_mysql(conn, cutoff, batch_size, deadline, report)
+        return
     when = prep_dt(conn, cutoff)
     while True:
         with transaction.atomic(using=conn.alias), conn.cursor() as cursor:

@@ -8,9 +8,8 @@ from typing import Any
 
 from django.db import transaction
 from django.db.models.functions import Now
-from django.utils import timezone
 
-from .db import CANCELLED, DEAD, PENDING, connection, is_pg
+from .db import CANCELLED, DEAD, PENDING, connection, decision_now, is_pg
 from .models import Message
 from .notify import notify_on_commit
 
@@ -34,7 +33,7 @@ def retry(alias: str, message_ids: Iterable[int], *, reset_attempts: bool = Fals
         changes: dict[str, Any] = {
             "status": PENDING,
             # due now on the clock the claim uses: the server's on PostgreSQL (statement_timestamp())
-            "available_at": Now() if is_pg(connection(alias)) else timezone.now(),
+            "available_at": _now(alias),
             "locked_by": None,
             "locked_until": None,
         }
@@ -64,13 +63,20 @@ def cancel(alias: str, message_ids: Iterable[int], *, reason: str) -> ActionResu
         Message.objects.using(alias).filter(id__in=allowed).update(
             status=CANCELLED,
             last_error=f"cancelled: {reason}" if reason else "cancelled",
-            available_at=Now() if is_pg(connection(alias)) else timezone.now(),
+            available_at=_now(alias),
             locked_by=None,
             locked_until=None,
         )
         if allowed:
             notify_on_commit(alias)  # a cancelled head lets its key's next message go: wake idle workers
     return ActionResult(changed=sorted(allowed), refused=sorted(set(ids) - set(allowed)))
+
+
+def _now(alias: str) -> Any:
+    """The "now" of the clock the claim uses: the server's on PostgreSQL (``statement_timestamp()``) and on
+    MariaDB/MySQL (read first: Django's ``Now()`` there is the session's local ``CURRENT_TIMESTAMP``)."""
+    conn = connection(alias)
+    return Now() if is_pg(conn) else decision_now(conn)
 
 
 def requeue_dead(alias: str, *, topic: str, reset_attempts: bool = True) -> ActionResult:

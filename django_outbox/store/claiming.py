@@ -18,6 +18,7 @@ from django.conf import settings
 from django.db.backends.base.base import BaseDatabaseWrapper
 from django.utils import timezone
 
+from . import mysql
 from .cursors import unprepared_on_loss, worker_cursor
 from .db import (
     DEAD,
@@ -26,6 +27,7 @@ from .db import (
     PROCESSING,
     SERVER_NOW,
     connection,
+    is_mysql,
     is_pg,
     literal,
     prep_dt,
@@ -176,12 +178,35 @@ def _claim_once(
     topics: Sequence[str] | None,
     ids: Sequence[int] | None = None,
 ) -> list[Message]:
+    if is_mysql(conn):  # two statements in one short transaction (store.mysql)
+        topic_sql, topic_params = _mysql_filter(topics, ids)
+        return mysql.claim(
+            alias,
+            conn,
+            worker=worker,
+            limit=limit,
+            lease_seconds=lease_seconds,
+            topic_sql=topic_sql,
+            topic_params=topic_params,
+            blocking=blocking_statuses(),
+            attempts_max=ATTEMPTS_MAX,
+        )
     sql, params = claim_sql(conn, worker=worker, limit=limit, lease_seconds=lease_seconds, topics=topics, ids=ids)
     with worker_cursor(conn) as cursor:
         with walking_plan(conn):
             cursor.execute(sql, params)
         rows = cursor.fetchall()
     return to_messages(alias, conn, rows)
+
+
+def _mysql_filter(topics: Sequence[str] | None, ids: Sequence[int] | None) -> tuple[str, list[Any]]:
+    topic_sql, params = topic_filter(topics, column="c.topic", escape=mysql.LIKE_ESCAPE)
+    topic_params: list[Any] = list(params)
+    if ids is not None:
+        wanted = [int(i) for i in ids]
+        topic_sql += f" AND c.id IN ({', '.join(['%s'] * len(wanted))})" if wanted else " AND FALSE"
+        topic_params += wanted
+    return topic_sql, topic_params
 
 
 _PLAN_AS_A_WALK = (
@@ -231,6 +256,8 @@ def next_due(alias: str, *, topics: Sequence[str] | None = None) -> float | None
     worker sleeps the right time whatever its own clock says.
     """
     conn = connection(alias)
+    if is_mysql(conn):
+        return mysql.next_due_seconds(conn, *topic_filter(topics, escape=mysql.LIKE_ESCAPE))
     topic_sql, topic_params = topic_filter(topics)
     pg = is_pg(conn)
     now = None if pg else timezone.now()
@@ -268,7 +295,13 @@ def work_in_progress(alias: str, *, topics: Sequence[str] | None = None) -> bool
     held behind an earlier message of their key, do not count.
     """
     conn = connection(alias)
-    topic_sql, topic_params = topic_filter(topics)
+    topic_sql, topic_params = topic_filter(topics, escape=mysql.LIKE_ESCAPE if is_mysql(conn) else "\\")
     with conn.cursor() as cursor:
         cursor.execute(f"SELECT 1 FROM {MESSAGE} WHERE status = %s{topic_sql} LIMIT 1", [PROCESSING, *topic_params])
-        return cursor.fetchone() is not None
+        if cursor.fetchone() is not None:
+            return True
+        if is_mysql(conn):
+            # A due head the claim did not get is being claimed by a peer (its two statements not committed
+            # yet, so it is not "processing" to this read): wait for it, it may fail and come back.
+            return mysql.due_head_exists(conn, topics, blocking_statuses())
+        return False

@@ -7,7 +7,9 @@ Time, on PostgreSQL, is the database server's: every statement that sets or test
 or a heartbeat reads ``statement_timestamp()`` (``SERVER_NOW``) itself, so workers on many hosts never
 compare one host's clock with another's (a host ahead would reap live leases, one behind would hold dead
 ones). Durations (a lease, a backoff delay) travel as seconds and are added on the server. SQLite serves
-one host, whose clock (``timezone.now()``) it keeps.
+one host, whose clock (``timezone.now()``) it keeps. MariaDB/MySQL statements read ``UTC_TIMESTAMP(6)``
+(``MYSQL_NOW``) where Django stores UTC there (``USE_TZ = True``, no ``DATABASES[...]["TIME_ZONE"]``), or take
+the server's time first in one query (``decision_now()``); otherwise the host's clock, as on SQLite.
 """
 
 from __future__ import annotations
@@ -36,7 +38,7 @@ PROCESSING = Message.Status.PROCESSING.value
 DELIVERED = Message.Status.DELIVERED.value
 DEAD = Message.Status.DEAD.value
 CANCELLED = Message.Status.CANCELLED.value
-SUPPORTED_VENDORS = ("postgresql", "sqlite")
+SUPPORTED_VENDORS = ("mysql", "postgresql", "sqlite")
 
 
 #: The database server's clock in every PostgreSQL statement that decides by time. Not ``now()``, which
@@ -48,12 +50,42 @@ SERVER_NOW = "statement_timestamp()"
 def connection(alias: str) -> BaseDatabaseWrapper:
     conn = connections[alias]
     if conn.vendor not in SUPPORTED_VENDORS:
-        raise NotSupportedError(f"django_outbox supports PostgreSQL and SQLite; database {alias!r} is {conn.vendor}.")
+        raise NotSupportedError(
+            f"django_outbox supports PostgreSQL, SQLite and MariaDB/MySQL; database {alias!r} is {conn.vendor}."
+        )
     return conn
 
 
 def is_pg(conn: BaseDatabaseWrapper) -> bool:
     return bool(conn.vendor == "postgresql")
+
+
+def is_mysql(conn: BaseDatabaseWrapper) -> bool:
+    """MariaDB or MySQL (Django's ``mysql`` backend): no ``UPDATE ... RETURNING``, no NOTIFY (store.mysql)."""
+    return bool(conn.vendor == "mysql")
+
+
+#: The MariaDB/MySQL server's clock, in the naive UTC Django stores in ``DATETIME(6)`` columns.
+MYSQL_NOW = "UTC_TIMESTAMP(6)"
+
+
+def mysql_server_clock(conn: BaseDatabaseWrapper) -> bool:
+    """Whether ``MYSQL_NOW`` reads as the columns are stored: UTC, which Django writes with ``USE_TZ``
+    unless ``DATABASES[...]["TIME_ZONE"]`` names another zone. Without it, naive local times are stored,
+    and the host's clock decides (as on SQLite): the server's zone tables may not even be loaded."""
+    return is_mysql(conn) and bool(settings.USE_TZ) and conn.timezone_name == "UTC"
+
+
+def decision_now(conn: BaseDatabaseWrapper) -> dt.datetime:
+    """The "now" of a statement that decides by time and takes it as a parameter: the server's clock on
+    MariaDB/MySQL (one query; ``mysql_server_clock``), the host's elsewhere (PostgreSQL statements read
+    their own)."""
+    if not mysql_server_clock(conn):
+        return timezone.now()
+    with conn.cursor() as cursor:
+        cursor.execute(f"SELECT {MYSQL_NOW}")
+        row = cursor.fetchone()
+    return timezone.make_aware(row[0], dt.UTC)
 
 
 def prep_dt(conn: BaseDatabaseWrapper, value: dt.datetime | None) -> Any:
@@ -67,15 +99,18 @@ def prep_uuid(conn: BaseDatabaseWrapper, value: uuid_module.UUID) -> Any:
     return value if conn.features.has_native_uuid_field else value.hex
 
 
-def topic_filter(topics: Sequence[str] | None, column: str = "topic") -> tuple[str, list[str]]:
-    """SQL for ``--topics``: exact names, or shell patterns whose ``*`` becomes ``LIKE``'s ``%``."""
+def topic_filter(topics: Sequence[str] | None, column: str = "topic", *, escape: str = "\\") -> tuple[str, list[str]]:
+    """SQL for ``--topics``: exact names, or shell patterns whose ``*`` becomes ``LIKE``'s ``%``.
+
+    MariaDB/MySQL read a backslash in a string literal as an escape (``'\\'`` never ends): they pass
+    ``escape="!"``."""
     if not topics:
         return "", []
     parts, params = [], []
     for topic in topics:
         if "*" in topic or "?" in topic:
-            escaped = topic.replace("\\", "\\\\").replace("%", "\\%").replace("_", "\\_")
-            parts.append(f"{column} LIKE %s ESCAPE '\\'")
+            escaped = topic.replace(escape, escape * 2).replace("%", escape + "%").replace("_", escape + "_")
+            parts.append(f"{column} LIKE %s ESCAPE '{escape}'")
             params.append(escaped.replace("*", "%").replace("?", "_"))
         else:
             parts.append(f"{column} = %s")

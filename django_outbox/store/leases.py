@@ -9,7 +9,8 @@ from dataclasses import dataclass
 from django.db import transaction
 from django.utils import timezone
 
-from .db import ATTEMPT, DEAD, MESSAGE, PENDING, PROCESSING, SERVER_NOW, connection, is_pg, prep_dt
+from . import mysql
+from .db import ATTEMPT, DEAD, MESSAGE, PENDING, PROCESSING, SERVER_NOW, connection, is_mysql, is_pg, prep_dt
 from .models import Attempt
 
 
@@ -39,6 +40,8 @@ def release(alias: str, *, worker: str, message_ids: Iterable[int]) -> int:
 def extend_leases(alias: str, *, worker: str, lease_seconds: float) -> int:
     """Keep a healthy worker's slow deliveries from being reaped: one statement for all it holds."""
     conn = connection(alias)
+    if is_mysql(conn):
+        return mysql.extend_leases(conn, worker=worker, lease_seconds=lease_seconds)
     if is_pg(conn):  # the lease's end on the server's clock, as the claim set it
         until_sql, until = f"{SERVER_NOW} + %s * interval '1 second'", float(lease_seconds)
     else:
@@ -86,14 +89,18 @@ def reap(alias: str, *, limit: int = 500) -> list[Reaped]:
             cursor.execute(sql, params)  # type: ignore[arg-type]
             return [Reaped(message_id=r[0], status=r[1], previous_worker=r[2] or "") for r in cursor.fetchall()]
     reaped = []
-    now = timezone.now()
     with transaction.atomic(using=alias), conn.cursor() as cursor:
-        cursor.execute(
-            f"SELECT id, attempts, max_attempts, locked_by, locked_until FROM {MESSAGE}"
-            f" WHERE status = %s AND locked_until < %s ORDER BY locked_until LIMIT %s",
-            [PROCESSING, prep_dt(conn, now), limit],
-        )
-        for message_id, attempts, max_attempts, locked_by, locked_until in cursor.fetchall():
+        if is_mysql(conn):  # locked with SKIP LOCKED, on the server's clock
+            now, expired = mysql.reap_candidates(conn, limit)
+        else:
+            now = timezone.now()
+            cursor.execute(
+                f"SELECT id, attempts, max_attempts, locked_by, locked_until FROM {MESSAGE}"
+                f" WHERE status = %s AND locked_until < %s ORDER BY locked_until LIMIT %s",
+                [PROCESSING, prep_dt(conn, now), limit],
+            )
+            expired = cursor.fetchall()
+        for message_id, attempts, max_attempts, locked_by, locked_until in expired:
             status = DEAD if attempts >= max_attempts else PENDING
             error = f"abandoned: lease of worker {locked_by or '?'} expired at {str(locked_until)[:19]} UTC"
             cursor.execute(

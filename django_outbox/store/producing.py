@@ -17,7 +17,8 @@ from django.conf import settings
 from django.db import transaction
 from django.db.backends.base.base import BaseDatabaseWrapper
 
-from .db import MESSAGE, PENDING, connection, is_pg, prep_dt, prep_uuid
+from . import mysql
+from .db import MESSAGE, MYSQL_NOW, PENDING, connection, is_mysql, is_pg, mysql_server_clock, prep_dt, prep_uuid
 from .models import Message
 from .rows import ATTNAMES, COLUMNS, instance_builder, to_message, to_messages
 
@@ -50,6 +51,13 @@ def insert(alias: str, new: NewMessage, *, notify: str | None = None) -> tuple[M
     With ``notify`` (PostgreSQL), the same statement queues a ``NOTIFY`` on that channel if it wrote a row.
     """
     conn = connection(alias)
+    if is_mysql(conn):
+        if new.key is not None and not conn.in_atomic_block:
+            # In autocommit the key's lock row would be released (committed) before the row is written,
+            # and a producer of the same key in a transaction could take the next id in between.
+            with transaction.atomic(using=alias):
+                return _insert_mysql(alias, conn, new)
+        return _insert_mysql(alias, conn, new)
     pg = is_pg(conn)
     params = [
         prep_uuid(conn, new.uuid),
@@ -99,6 +107,57 @@ def insert(alias: str, new: NewMessage, *, notify: str | None = None) -> tuple[M
     if pg:  # the times the server gave the row: created_at, then available_at when it was computed too
         created_at = row[1]
         available_at = row[2] if schedule == "delay" else created_at if schedule == "now" else new.available_at
+        new = dataclasses.replace(new, created_at=created_at, available_at=available_at)
+    return _new_message(alias, int(row[0]), new), True
+
+
+def _insert_mysql(alias: str, conn: Any, new: NewMessage) -> tuple[Message, bool]:
+    """MariaDB/MySQL: the key's lock row first (commit order, see store.mysql), then the row.
+
+    On MariaDB (``INSERT ... RETURNING``) and the server's clock, the row is created at the server's now and
+    due at it plus the delay, as on PostgreSQL; MySQL, which cannot return them, takes the sender's times.
+    """
+    mysql.refuse_deep_json("payload", new.payload_json)
+    mysql.refuse_deep_json("headers", new.headers_json)
+    if new.key is not None:
+        mysql.lock_key(conn, new.key)
+    params: list[Any] = [
+        prep_uuid(conn, new.uuid),
+        new.topic,
+        new.key,
+        new.payload_json,
+        new.headers_json,
+        new.idempotency_key,
+        new.max_attempts,
+    ]
+    server_times = mysql_server_clock(conn) and bool(conn.features.can_return_columns_from_insert)
+    if not server_times:
+        times = "%s, %s"
+        params += [prep_dt(conn, new.available_at), prep_dt(conn, new.created_at)]
+    elif new.delay_seconds is None:
+        times = f"%s, {MYSQL_NOW}"
+        params.append(prep_dt(conn, new.available_at))
+    elif new.delay_seconds > 0:
+        # past year 9999 the sum is NULL: the latest time a DateTimeField reads back, as on PostgreSQL
+        times = f"COALESCE({MYSQL_NOW} + INTERVAL %s MICROSECOND, {mysql.LAST_TIME}), {MYSQL_NOW}"
+        params.append(mysql.interval(min(new.delay_seconds, 400 * 365.25 * 86400)))
+    else:
+        times = f"{MYSQL_NOW}, {MYSQL_NOW}"
+    for _ in range(_INSERT_TRIES):
+        row = mysql.insert_row(conn, params, returning=server_times, times=times)
+        if row is not None:
+            break
+        assert new.idempotency_key is not None  # only a taken idempotency key refuses the row
+        stored = mysql.stored_by_idempotency_key(conn, new.idempotency_key)
+        if stored is not None:
+            return to_message(alias, conn, stored), False
+    else:  # pragma: no cover - only if the key is taken and freed again on every try
+        raise RuntimeError(
+            f"outbox.send(): idempotency key {new.idempotency_key!r} was taken and freed {_INSERT_TRIES} "
+            "times while this message was written; send again"
+        )
+    if server_times:
+        created_at, available_at = (value.replace(tzinfo=dt.UTC) for value in row[1:3])
         new = dataclasses.replace(new, created_at=created_at, available_at=available_at)
     return _new_message(alias, int(row[0]), new), True
 
@@ -176,6 +235,8 @@ def insert_many(
     by default since SQLite 3.32) is written in several statements of as many rows as fit.
     """
     conn = connection(alias)
+    if is_mysql(conn):
+        return _insert_many_mysql(alias, conn, news, check)
     pg = is_pg(conn)
     rows_per_statement = len(news) or 1
     if not pg:
@@ -239,6 +300,32 @@ def _insert_many(
                 f"and freed {_INSERT_TRIES} times while these messages were written; send again"
             )
     return [results[new.uuid] for new in news]
+
+
+def _insert_many_mysql(
+    alias: str,
+    conn: BaseDatabaseWrapper,
+    news: Sequence[NewMessage],
+    check: Callable[[Message, NewMessage], Exception | None],
+) -> list[tuple[Message, bool]]:
+    """MariaDB/MySQL: the batch's keys locked first, in sorted order (two batches sharing keys never wait
+    on each other in a cycle), then one ``INSERT`` per row, all in one transaction (a savepoint in the
+    caller's), so a conflict takes the whole batch back. Not one statement, as on PostgreSQL and SQLite:
+    there a taken idempotency key fails a multi-row ``INSERT`` whole, and ``INSERT IGNORE`` would also
+    swallow every other error (docs/databases.md).
+    """
+    results: list[tuple[Message, bool]] = []
+    with transaction.atomic(using=alias):
+        for key in sorted({new.key for new in news if new.key is not None}):
+            mysql.lock_key(conn, key)
+        for new in news:
+            message, created = _insert_mysql(alias, conn, new)
+            if not created:
+                error = check(message, new)
+                if error is not None:
+                    raise error
+            results.append((message, created))
+    return results
 
 
 def _as_uuid(value: Any) -> uuid_module.UUID:

@@ -14,7 +14,6 @@ from typing import Any
 
 from django.db import transaction
 from django.db.backends.base.base import BaseDatabaseWrapper
-from django.utils import timezone
 
 from .cursors import unprepared_on_loss, worker_cursor
 from .db import (
@@ -26,6 +25,7 @@ from .db import (
     PROCESSING,
     SERVER_NOW,
     connection,
+    decision_now,
     is_pg,
     literal,
     prep_dt,
@@ -87,7 +87,7 @@ def record(alias: str, *, worker: str, outcomes: Sequence[Outcome]) -> set[int]:
     conn = connection(alias)
     if is_pg(conn):
         return unprepared_on_loss(conn, lambda: _record_pg(conn, worker, outcomes))
-    return _record_generic(conn, worker, outcomes, timezone.now())
+    return _record_generic(conn, worker, outcomes, decision_now(conn))
 
 
 _LEASE_LOST = "lease lost before this outcome was recorded; the message was requeued and may be delivered again"
@@ -269,8 +269,18 @@ def _keep_beside_the_archived(conn: BaseDatabaseWrapper, cursor: Any, worker: st
     row = cursor.fetchone()
     if row is None:
         return
-    cursor.execute(_INSERT_ATTEMPT, _attempt_row(conn, worker, o, note=_LEFT_THE_TABLE))
-    attempt_id = cursor.lastrowid
+    if conn.vendor == "mysql":
+        # InnoDB checks foreign keys at once, not at commit: for this one row, whose message is archived, the
+        # session's check is off (the row leaves the table again below, in the same transaction).
+        cursor.execute("SET SESSION foreign_key_checks = 0")
+        try:
+            cursor.execute(_INSERT_ATTEMPT, _attempt_row(conn, worker, o, note=_LEFT_THE_TABLE))
+            attempt_id = cursor.lastrowid  # before the next statement resets it
+        finally:
+            cursor.execute("SET SESSION foreign_key_checks = 1")
+    else:
+        cursor.execute(_INSERT_ATTEMPT, _attempt_row(conn, worker, o, note=_LEFT_THE_TABLE))
+        attempt_id = cursor.lastrowid
     cursor.execute(
         f"INSERT INTO {ARCHIVED_ATTEMPT} (id, message_id, number, started_at, finished_at, worker, outcome, error,"
         f" archived_at) SELECT id, message_id, number, started_at, finished_at, worker, outcome, error, %s"

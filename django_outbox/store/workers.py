@@ -8,7 +8,19 @@ from typing import Any
 
 from django.utils import timezone
 
-from .db import SERVER_NOW, WORKER, connection, is_pg, prep_dt, storable_text
+from . import mysql
+from .db import (
+    MYSQL_NOW,
+    SERVER_NOW,
+    WORKER,
+    connection,
+    decision_now,
+    is_mysql,
+    is_pg,
+    mysql_server_clock,
+    prep_dt,
+    storable_text,
+)
 
 
 @dataclass(frozen=True, kw_only=True, slots=True)
@@ -30,7 +42,11 @@ def heartbeat(alias: str, beat: WorkerBeat) -> None:
     judged against the server's clock by ``outbox_status`` and the admin, whatever the hosts' clocks."""
     conn = connection(alias)
     params: list[Any]
-    if is_pg(conn):
+    if mysql_server_clock(conn):  # the server's times, as on PostgreSQL
+        started, seen = MYSQL_NOW, MYSQL_NOW
+        stopped = MYSQL_NOW if beat.stopped else "NULL"
+        params = [beat.worker_id, beat.hostname, beat.pid, beat.in_flight, beat.delivered, beat.failed]
+    elif is_pg(conn):
         started, seen = SERVER_NOW, SERVER_NOW  # started: the first beat's time, kept by later ones
         stopped = SERVER_NOW if beat.stopped else "NULL"
         params = [beat.worker_id, beat.hostname, beat.pid, beat.in_flight, beat.delivered, beat.failed]
@@ -48,6 +64,13 @@ def heartbeat(alias: str, beat: WorkerBeat) -> None:
             beat.failed,
             now if beat.stopped else None,
         ]
+    if is_mysql(conn):
+        with conn.cursor() as cursor:
+            cursor.execute(
+                mysql.heartbeat_sql(started, seen, stopped),
+                [*params, beat.housekeeping_failures, storable_text(beat.housekeeping_error)],
+            )
+        return
     with conn.cursor() as cursor:
         cursor.execute(
             f"INSERT INTO {WORKER} (worker_id, hostname, pid, started_at, last_seen, in_flight, delivered, failed,"
@@ -65,6 +88,8 @@ def database_now(alias: str) -> dt.datetime:
     """The clock the outbox's decisions use: the server's on PostgreSQL, this host's on SQLite. For views
     that compare stored times with "now" (the overview, ``outbox_status``): one query, off the hot path."""
     conn = connection(alias)
+    if is_mysql(conn):
+        return decision_now(conn)
     if not is_pg(conn):
         return timezone.now()
     with conn.cursor() as cursor:

@@ -107,8 +107,8 @@ def _run_workers(worker_process, count: int, *args: str):
 
 
 def test_many_workers_deliver_each_message_exactly_once(worker_process):
-    """4 workers x 5,000 messages on PostgreSQL; 2 x 1,000 on SQLite (one writer at a time)."""
-    workers_count, total = (4, 5000) if connection.vendor == "postgresql" else (2, 1000)
+    """4 workers x 5,000 messages on PostgreSQL and MariaDB; 2 x 1,000 on SQLite (one writer at a time)."""
+    workers_count, total = (4, 5000) if connection.vendor in ("postgresql", "mysql") else (2, 1000)
     send_many(total)
     workers = _run_workers(worker_process, workers_count)
     for worker in workers:
@@ -122,7 +122,7 @@ def test_many_workers_deliver_each_message_exactly_once(worker_process):
     assert Attempt.objects.count() == total
 
 
-def test_sigkill_mid_run_loses_nothing_and_duplicates_only_abandoned_attempts(postgres, worker_process):
+def test_sigkill_mid_run_loses_nothing_and_duplicates_only_abandoned_attempts(server_database, worker_process):
     send_many(3000, sleep=0.002)
     workers = _run_workers(worker_process, 3, "--lease", "3")
     wait_for(lambda: Delivery.objects.count() > 300, timeout=60)

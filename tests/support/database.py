@@ -32,6 +32,26 @@ def connect_raw(*, direct: bool = False, **options: Any) -> Any:
     return psycopg.connect(**{**params, **options})  # options may name another database (dbname)
 
 
+def is_mysql() -> bool:
+    return connection.vendor == "mysql"
+
+
+def connect_raw_mysql() -> Any:
+    """A mysqlclient connection of its own to the test database (MariaDB/MySQL), beside Django's; not in
+    autocommit, as a producer's transaction."""
+    import MySQLdb
+
+    settings = connection.settings_dict
+    return MySQLdb.connect(
+        host=settings["HOST"] or "127.0.0.1",
+        port=int(settings["PORT"] or 3306),
+        user=settings["USER"] or "root",
+        password=settings["PASSWORD"] or "",
+        database=settings["NAME"],
+        charset="utf8mb4",
+    )
+
+
 #: For tests of a worker woken by NOTIFY with the default settings: through transaction pooling its
 #: LISTEN cannot hear by nature (the worker says so once and polls;
 #: tests/acceptance/poolers/test_pgbouncer.py covers that, and OUTBOX["LISTEN_DATABASE"], which mends it).

@@ -23,6 +23,11 @@ def worker_env() -> dict[str, str]:
             f"postgres://{settings['USER'] or 'postgres'}@{settings['HOST'] or '127.0.0.1'}:"
             f"{settings['PORT'] or 5432}/{settings['NAME']}"
         )
+    elif connection.vendor == "mysql":
+        env["DATABASE_URL"] = (
+            f"mysql://{settings['USER'] or 'root'}@{settings['HOST'] or '127.0.0.1'}:"
+            f"{settings['PORT'] or 3306}/{settings['NAME']}"
+        )
     else:
         env["DATABASE_URL"] = ""
         env["SQLITE_PATH"] = str(settings["NAME"])

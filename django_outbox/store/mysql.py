@@ -1,0 +1,312 @@
+"""MariaDB and MySQL: the statements that cannot be shared with PostgreSQL or SQLite.
+
+Measured on MariaDB 10.11 (docs/databases.md): there is no ``UPDATE ... RETURNING``; an ``UPDATE`` whose
+``IN`` subquery has ``LIMIT`` is refused (error 1235); ``FOR UPDATE SKIP LOCKED`` hands two sessions
+disjoint rows only when an index backs the ``ORDER BY`` (without one InnoDB locks what it scans and the
+second session gets nothing). So a claim is two statements in one short transaction: the due heads are
+selected in id order on the ``(status, id)`` index with ``SKIP LOCKED``, then leased by id, and the
+transaction commits before anything is delivered.
+
+``key`` is a reserved word there: every statement names it quoted (or qualified, ``c.key``).
+
+Commit order: ids are taken at insert and rows appear at commit, so a later id of a key could commit, be
+claimed and delivered before an earlier one still in flight. PostgreSQL guards that on the claim's side;
+MariaDB has no transaction-scoped advisory lock (``GET_LOCK`` outlives the commit), so ``send()`` of a keyed
+message first takes a row lock on that key's row in ``django_outbox_key_lock`` (migration 0009), held to
+the end of the producer's transaction: a second producer of the key waits there before it takes its id,
+so per key, id order is commit order.
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+import re
+from typing import Any
+
+from django.conf import settings
+from django.db import IntegrityError, transaction
+from django.db.backends.base.base import BaseDatabaseWrapper
+from django.utils import timezone
+
+from .db import MESSAGE, MYSQL_NOW, PENDING, PROCESSING, decision_now, literal, mysql_server_clock, prep_dt
+from .models import Message
+from .rows import COLUMN_NAMES, to_messages
+
+#: The producers' per-key lock rows (migration 0009 creates the table on MariaDB/MySQL only).
+KEY_LOCK = "django_outbox_key_lock"
+#: Every column of the message table, quoted (``key`` is reserved).
+COLUMNS = ", ".join(f"`{c}`" for c in COLUMN_NAMES)
+#: MySQL's error for a duplicate entry in a unique index.
+ER_DUP_ENTRY = 1062
+#: The unique index on ``idempotency_key`` (migration 0009): many NULLs, one row per key.
+IDEMPOTENCY_INDEX = "outbox_msg_idem_key_uniq"
+#: ``LIKE``'s escape character in topic patterns (a backslash would escape the literal's closing quote).
+LIKE_ESCAPE = "!"
+#: The latest time a ``DateTimeField`` reads back into Python.
+LAST_TIME = "CAST('9999-12-31 23:59:59.999999' AS DATETIME(6))"
+#: The claim's index: ``status = 'pending'`` then id order, so SKIP LOCKED skips rather than waits.
+CLAIM_INDEX = "outbox_msg_status_id_idx"
+
+
+def interval(seconds: float) -> int:
+    """A duration as whole microseconds, for ``+ INTERVAL %s MICROSECOND`` (both servers accept it)."""
+    return round(float(seconds) * 1_000_000)
+
+
+def now_sql(conn: BaseDatabaseWrapper) -> tuple[str, list[Any]]:
+    """The statement's "now": the server's clock, or the host's as a parameter (``mysql_server_clock``)."""
+    if mysql_server_clock(conn):
+        return MYSQL_NOW, []
+    return "%s", [prep_dt(conn, timezone.now())]
+
+
+def _as_stored(conn: BaseDatabaseWrapper, value: dt.datetime) -> dt.datetime:
+    """An aware (or, under ``USE_TZ = False``, naive local) time as a naive ``DATETIME`` value."""
+    if timezone.is_aware(value):
+        return timezone.make_naive(value, conn.timezone if settings.USE_TZ else timezone.get_current_timezone())
+    return value
+
+
+#: MariaDB's ``JSON_VALID()``, the ``CHECK`` of every JSON column there, refuses nesting of 32 levels or more.
+JSON_MAX_DEPTH = 31
+_JSON_STRING = re.compile(r'"(?:[^"\\]|\\.)*"')
+
+
+def json_depth(encoded: str) -> int:
+    """How deeply ``encoded`` (valid JSON) nests lists and objects; counted only past the cheap bound."""
+    if encoded.count("[") + encoded.count("{") <= JSON_MAX_DEPTH:
+        return 0
+    depth = deepest = 0
+    for char in _JSON_STRING.sub("", encoded):
+        if char in "[{":
+            depth += 1
+            deepest = max(deepest, depth)
+        elif char in "]}":
+            depth -= 1
+    return deepest
+
+
+def refuse_deep_json(what: str, encoded: str) -> None:
+    """A clear error at send time, where the server's ``CHECK`` would raise error 4025 naming a constraint."""
+    depth = json_depth(encoded)
+    if depth > JSON_MAX_DEPTH:
+        raise ValueError(
+            f"outbox.send(): {what} nests lists and objects {depth} levels deep; MariaDB stores JSON up to "
+            f"{JSON_MAX_DEPTH} levels (docs/databases.md)."
+        )
+
+
+def lock_key(conn: BaseDatabaseWrapper, key: str) -> None:
+    """Hold ``key``'s lock row until the caller's transaction ends (see the module's docstring).
+
+    ``ON DUPLICATE KEY UPDATE`` of a row to its own value takes the row's exclusive lock without an error,
+    whether the row was there or not; a second producer of the key waits here for the first to end.
+    """
+    with conn.cursor() as cursor:
+        cursor.execute(
+            f"INSERT INTO {KEY_LOCK} (`key`) VALUES (%s) ON DUPLICATE KEY UPDATE `key` = `key`",
+            [key],
+        )
+
+
+def insert_row(conn: BaseDatabaseWrapper, params: list[Any], *, returning: bool, times: str) -> tuple[Any, ...] | None:
+    """Write one message; None when its idempotency key is taken.
+
+    A duplicate key is refused by the unique index: MySQL undoes that statement only, so the caller's
+    transaction goes on. (``INSERT IGNORE`` would also turn a too-long value or a bad date into a warning
+    and a truncated row; ``ON DUPLICATE KEY UPDATE`` cannot tell "inserted" from "was there" under the
+    ``CLIENT.FOUND_ROWS`` flag Django sets.) Any other integrity error is raised.
+    """
+    sql = (
+        f"INSERT INTO {MESSAGE} (uuid, topic, `key`, payload, headers, idempotency_key, status, attempts,"
+        f" max_attempts, available_at, created_at, last_error)"
+        f" VALUES (%s, %s, %s, %s, %s, %s, '{PENDING}', 0, %s, {times}, '')"
+    )
+    if returning:  # MariaDB 10.5+: the server's times come back with the id
+        sql += " RETURNING id, created_at, available_at"
+    with conn.cursor() as cursor:
+        try:
+            cursor.execute(sql, params)
+        except IntegrityError as exc:
+            cause = exc.__cause__
+            code = cause.args[0] if cause is not None and cause.args else None
+            if code == ER_DUP_ENTRY and IDEMPOTENCY_INDEX in str(cause):
+                return None
+            raise
+        if returning:
+            row: tuple[Any, ...] = cursor.fetchone()
+            return row
+        return (cursor.lastrowid,)
+
+
+def stored_by_idempotency_key(conn: BaseDatabaseWrapper, key: str) -> tuple[Any, ...] | None:
+    with conn.cursor() as cursor:
+        cursor.execute(f"SELECT {COLUMNS} FROM {MESSAGE} WHERE idempotency_key = %s", [key])
+        row: tuple[Any, ...] | None = cursor.fetchone()
+        return row
+
+
+def claim(
+    alias: str,
+    conn: BaseDatabaseWrapper,
+    *,
+    worker: str,
+    limit: int,
+    lease_seconds: float,
+    topic_sql: str,
+    topic_params: list[Any],
+    blocking: tuple[str, ...],
+    attempts_max: int,
+) -> list[Message]:
+    """Select the due heads with ``SKIP LOCKED``, lease them by id, commit: one short transaction.
+
+    The first statement also reads the server's clock, from which the lease's end is computed, so the
+    second needs nothing back and no third statement reads the rows again.
+    """
+    server_clock = mysql_server_clock(conn)
+    if server_clock:
+        now, now_params, clock = MYSQL_NOW, [], f", {MYSQL_NOW}"
+    else:  # the host's clock, as on SQLite
+        host_now = timezone.now()
+        now, now_params, clock = "%s", [prep_dt(conn, host_now)], ""
+    head = (
+        f"NOT EXISTS (SELECT 1 FROM {MESSAGE} AS b WHERE b.key = c.key AND b.id < c.id"
+        f" AND b.status IN ({', '.join(map(literal, blocking))}))"
+    )
+    select = (
+        f"SELECT {', '.join('c.' + c for c in COLUMN_NAMES)}{clock} FROM {MESSAGE} AS c"
+        f" FORCE INDEX ({CLAIM_INDEX}) WHERE c.status = {literal(PENDING)} AND c.available_at <= {now}{topic_sql}"
+        f" AND (c.key IS NULL OR {head}) ORDER BY c.id LIMIT %s FOR UPDATE SKIP LOCKED"
+    )
+    status_at = COLUMN_NAMES.index("status")
+    attempts_at = COLUMN_NAMES.index("attempts")
+    locked_by_at = COLUMN_NAMES.index("locked_by")
+    locked_until_at = COLUMN_NAMES.index("locked_until")
+    with transaction.atomic(using=alias), conn.cursor() as cursor:
+        cursor.execute(select, [*now_params, *topic_params, limit])
+        rows = [list(r) for r in cursor.fetchall()]
+        if not rows:
+            return []
+        lease = dt.timedelta(seconds=lease_seconds)
+        # The lease's end as the column holds it: naive, UTC on the server's clock (or the host's time in
+        # the connection's zone), read back through Django's converters like any stored value.
+        until = rows[0][-1] + lease if server_clock else _as_stored(conn, host_now + lease)
+        ids = [r[0] for r in rows]
+        cursor.execute(
+            f"UPDATE {MESSAGE} SET status = {literal(PROCESSING)}, locked_by = %s, locked_until = %s,"
+            f" attempts = CASE WHEN attempts < {attempts_max} THEN attempts + 1 ELSE attempts END"
+            f" WHERE id IN ({', '.join(['%s'] * len(ids))})",
+            [worker, until, *ids],
+        )
+    for r in rows:
+        if server_clock:
+            del r[-1]
+        r[status_at] = PROCESSING
+        r[attempts_at] = r[attempts_at] + 1 if r[attempts_at] < attempts_max else r[attempts_at]
+        r[locked_by_at] = worker
+        r[locked_until_at] = until
+    return to_messages(alias, conn, rows)
+
+
+def due_head_exists(conn: BaseDatabaseWrapper, topics: Any, blocking: tuple[str, ...]) -> bool:
+    """A due pending message at the head of its key (or keyless), read without locking."""
+    from .db import topic_filter
+
+    topic_sql, topic_params = topic_filter(topics, column="c.topic", escape=LIKE_ESCAPE)
+    now, now_params = now_sql(conn)
+    with conn.cursor() as cursor:
+        cursor.execute(
+            f"SELECT 1 FROM {MESSAGE} AS c WHERE c.status = {literal(PENDING)} AND c.available_at <= {now}{topic_sql}"
+            f" AND (c.key IS NULL OR NOT EXISTS (SELECT 1 FROM {MESSAGE} AS b WHERE b.key = c.key AND b.id < c.id"
+            f" AND b.status IN ({', '.join(map(literal, blocking))}))) LIMIT 1",
+            [*now_params, *topic_params],
+        )
+        return cursor.fetchone() is not None
+
+
+def next_due_seconds(conn: BaseDatabaseWrapper, topic_sql: str, topic_params: list[Any]) -> float | None:
+    """Seconds until the earliest future ``available_at`` of a pending message, on the server's clock."""
+    now, now_params = now_sql(conn)
+    with conn.cursor() as cursor:
+        cursor.execute(
+            f"SELECT TIMESTAMPDIFF(MICROSECOND, {now}, MIN(available_at)) FROM {MESSAGE}"
+            f" WHERE status = %s AND available_at > {now}{topic_sql}",
+            [*now_params, PENDING, *now_params, *topic_params],
+        )
+        row = cursor.fetchone()
+    if row is None or row[0] is None:
+        return None
+    return max(0.0, int(row[0]) / 1_000_000)
+
+
+def extend_leases(conn: BaseDatabaseWrapper, *, worker: str, lease_seconds: float) -> int:
+    now, now_params = now_sql(conn)
+    with conn.cursor() as cursor:
+        cursor.execute(
+            f"UPDATE {MESSAGE} SET locked_until = {now} + INTERVAL %s MICROSECOND WHERE locked_by = %s AND status = %s",
+            [*now_params, interval(lease_seconds), worker, PROCESSING],
+        )
+        return int(cursor.rowcount)
+
+
+def reap_candidates(conn: BaseDatabaseWrapper, limit: int) -> tuple[dt.datetime, list[tuple[Any, ...]]]:
+    """Within the reaper's transaction: expired leases, locked (``SKIP LOCKED``: reapers share them out),
+    and the server's now the reaper records them at."""
+    now = decision_now(conn)
+    with conn.cursor() as cursor:
+        cursor.execute(
+            f"SELECT id, attempts, max_attempts, locked_by, locked_until FROM {MESSAGE} FORCE INDEX ({CLAIM_INDEX})"
+            f" WHERE status = %s AND locked_until < %s ORDER BY status, id LIMIT %s FOR UPDATE SKIP LOCKED",
+            [PROCESSING, prep_dt(conn, now), limit],
+        )
+        return now, list(cursor.fetchall())
+
+
+def heartbeat_sql(started: str, seen: str, stopped: str) -> str:
+    from .db import WORKER
+
+    return (
+        f"INSERT INTO {WORKER} (worker_id, hostname, pid, started_at, last_seen, in_flight, delivered, failed,"
+        f" stopped_at, housekeeping_failures, housekeeping_error)"
+        f" VALUES (%s, %s, %s, {started}, {seen}, %s, %s, %s, {stopped}, %s, %s)"
+        f" ON DUPLICATE KEY UPDATE last_seen = VALUES(last_seen), in_flight = VALUES(in_flight),"
+        f" delivered = VALUES(delivered), failed = VALUES(failed), stopped_at = VALUES(stopped_at),"
+        f" housekeeping_failures = VALUES(housekeeping_failures), housekeeping_error = VALUES(housekeeping_error)"
+    )
+
+
+#: The first servers with ``SKIP LOCKED``.
+MARIADB_MIN = (10, 6)
+MYSQL_MIN = (8, 0, 1)
+
+
+def server_facts(conn: BaseDatabaseWrapper) -> dict[str, Any]:
+    """What the system checks judge (one query): version, binary log, isolation, the outbox's indexes."""
+    with conn.cursor() as cursor:
+        cursor.execute(
+            "SELECT @@version, @@log_bin, @@binlog_format, @@transaction_isolation"
+            if not conn.mysql_is_mariadb  # type: ignore[attr-defined]
+            else "SELECT @@version, @@log_bin, @@binlog_format, @@tx_isolation"
+        )
+        version, log_bin, binlog_format, isolation = cursor.fetchone()
+        cursor.execute(
+            "SELECT index_name, GROUP_CONCAT(column_name ORDER BY seq_in_index) FROM information_schema.statistics"
+            " WHERE table_schema = DATABASE() AND table_name = %s GROUP BY index_name",
+            [MESSAGE],
+        )
+        indexes = {str(name): str(columns) for name, columns in cursor.fetchall()}
+        cursor.execute(
+            "SELECT COUNT(*) FROM information_schema.tables WHERE table_schema = DATABASE() AND table_name = %s",
+            [KEY_LOCK],
+        )
+        key_lock = bool(cursor.fetchone()[0])
+    return {
+        "version": str(version),
+        "mariadb": bool(conn.mysql_is_mariadb),  # type: ignore[attr-defined]
+        "version_tuple": tuple(conn.mysql_version),  # type: ignore[attr-defined]
+        "log_bin": bool(int(log_bin)),
+        "binlog_format": str(binlog_format).upper(),
+        "isolation": str(isolation).upper().replace("_", "-"),
+        "indexes": indexes,
+        "key_lock": key_lock,
+    }
