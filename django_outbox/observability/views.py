@@ -10,9 +10,11 @@ figure. The token is never logged, and Django's error pages hide ``*TOKEN*`` set
 from __future__ import annotations
 
 import hmac
+import logging
 import threading
 from typing import Any
 
+from django.db import DatabaseError
 from django.http import HttpRequest, HttpResponse, JsonResponse
 from django.views.decorators.cache import never_cache
 from django.views.decorators.http import require_safe
@@ -21,6 +23,8 @@ from ..admin import overview
 from ..conf import get_settings
 
 OK, LAGGING, STALLED = "ok", "lagging", "stalled"
+
+logger = logging.getLogger("django_outbox.health")
 
 
 def _refused(request: HttpRequest) -> HttpResponse | None:
@@ -62,7 +66,23 @@ def health(request: HttpRequest) -> HttpResponse:
     refused = _refused(request)
     if refused is not None:
         return refused
-    figures = overview.gauges(get_settings().DATABASE)
+    try:
+        figures = overview.gauges(get_settings().DATABASE)
+    except DatabaseError:
+        # A probe asks exactly when things are wrong: an outbox whose database cannot be read delivers
+        # nothing. The answer is the JSON a probe parses, not Django's 500 page, and it carries no error
+        # text (a driver's names the host, port and user); the log has it.
+        logger.warning("health: the outbox database could not be read", exc_info=True)
+        return JsonResponse(
+            {
+                "status": STALLED,
+                "lag_seconds": None,
+                "blocked_keys": None,
+                "workers_alive": None,
+                "error": "the outbox database could not be read (see the django_outbox.health log)",
+            },
+            status=503,
+        )
     status = status_of(figures)
     return JsonResponse(
         {

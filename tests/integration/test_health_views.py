@@ -193,3 +193,39 @@ def test_over_a_real_server(live_server):
     assert status == 401 and b"lag_seconds" not in body
     status, body = get(HEALTH, "x" * 40)
     assert status == 401 and TOKEN.encode() not in body
+
+
+@pytest.fixture
+def unreachable_database(tmp_path):
+    """The outbox's database made unreachable for real: the next connection goes to a closed port
+    (PostgreSQL, MariaDB) or to a file in a directory that does not exist (SQLite)."""
+    from django.db import connection
+
+    from tests.support.servers import free_port
+
+    saved = dict(connection.settings_dict)
+    connection.close()
+    if connection.vendor == "sqlite":
+        connection.settings_dict["NAME"] = str(tmp_path / "missing" / "db.sqlite3")
+    else:
+        connection.settings_dict["HOST"], connection.settings_dict["PORT"] = "127.0.0.1", str(free_port())
+    yield
+    connection.close()
+    connection.settings_dict.clear()
+    connection.settings_dict.update(saved)
+
+
+def test_health_answers_503_json_when_the_database_cannot_be_read(client, settings, unreachable_database, caplog):
+    """A probe asks exactly when things are wrong: a database it cannot reach is an outbox that delivers
+    nothing, answered as JSON with 503 (not Django's 500 page), and without the server's error text."""
+    settings.OUTBOX = {**settings.OUTBOX, "HEALTH_TOKEN": TOKEN}
+    with caplog.at_level(logging.WARNING, logger="django_outbox"):
+        response = client.get(HEALTH, **bearer())
+    assert response.status_code == 503
+    body = response.json()
+    assert body["status"] == "stalled"
+    assert body["lag_seconds"] is None and body["workers_alive"] is None and body["blocked_keys"] is None
+    assert "could not be read" in body["error"]
+    assert set(body) == {"status", "lag_seconds", "blocked_keys", "workers_alive", "error"}
+    assert "127.0.0.1" not in json.dumps(body) and "sqlite3" not in json.dumps(body)  # no connection details
+    assert any("health" in r.getMessage() for r in caplog.records)
