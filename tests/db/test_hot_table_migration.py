@@ -38,7 +38,8 @@ def index_names(table: str) -> set[str]:
 def snapshot() -> tuple[list[tuple[str, ...]], list[tuple[str, ...]]]:
     with connection.cursor() as cursor:
         cursor.execute(
-            "SELECT id, uuid, topic, key, idempotency_key, status, attempts, last_error, created_at"
+            f"SELECT id, uuid, topic, {connection.ops.quote_name('key')}, idempotency_key, status, attempts,"
+            " last_error, created_at"
             " FROM django_outbox_message ORDER BY id"
         )
         messages = [tuple(str(v) for v in row) for row in cursor.fetchall()]
@@ -56,7 +57,8 @@ def fill_at_the_old_schema() -> None:
         for i in range(50):
             status = STATUSES[i % len(STATUSES)]
             cursor.execute(
-                "INSERT INTO django_outbox_message (uuid, topic, key, payload, headers, idempotency_key, status,"
+                f"INSERT INTO django_outbox_message (uuid, topic, {connection.ops.quote_name('key')}, payload,"
+                " headers, idempotency_key, status,"
                 " attempts, max_attempts, available_at, created_at, last_error)"
                 " VALUES (%s, %s, %s, %s, %s, %s, %s, %s, %s, %s, %s, %s)",
                 [
@@ -93,7 +95,8 @@ def test_a_database_with_rows_migrates_forward_and_back_without_loss():
         assert snapshot() == before
         names = index_names("django_outbox_message")
         assert {"outbox_msg_status_id_idx", "outbox_msg_status_topic_idx"}.isdisjoint(names)
-        assert {"outbox_msg_settled_idx", "outbox_msg_created_idx", "outbox_msg_lease_idx"} <= names
+        if connection.vendor != "mysql":  # Django makes no partial index there; 0009 gives it its own
+            assert {"outbox_msg_settled_idx", "outbox_msg_created_idx", "outbox_msg_lease_idx"} <= names
         # The contracts read through the new shape: every message with its status, one attempt per attempt.
         assert sorted(Message.objects.values_list("status", flat=True)) == sorted(STATUSES * 10)
         dead = Message.objects.filter(status="dead").first()

@@ -96,6 +96,23 @@ def test_two_producers_of_one_key_commit_in_id_order(mysql, handler):
     wait_for(lambda: (relay_all(), seen)[1] == [1, 2], timeout=30)
 
 
+def test_an_autocommit_keyed_send_holds_the_key_row_until_its_row_commits(mysql, handler):
+    """In autocommit the lock statement would commit, and free the key's row, before the message is
+    written: a producer of the key in a transaction could then take the next id, and the autocommit row,
+    committed at once, be delivered before it. So the two statements share one transaction."""
+    from django.test.utils import CaptureQueriesContext
+
+    handler("ord.*", lambda message: None)
+    assert connection.get_autocommit()
+    with CaptureQueriesContext(connection) as queries:
+        outbox.send("ord.x", {"n": 1}, key="K")
+    statements = [q["sql"].split(" (")[0].split(" VALUES")[0] for q in queries.captured_queries]
+    assert statements[0] == "BEGIN" and statements[-1] == "COMMIT", statements
+    assert statements[1].startswith(f"INSERT INTO {store_mysql.KEY_LOCK}"), statements
+    assert statements[2].startswith("INSERT INTO django_outbox_message"), statements
+    assert len(statements) == 4, statements
+
+
 def test_a_raw_producer_outside_django_is_ordered_too(mysql, handler):
     """The lock is the row, not a Python object: a producer on another connection holding the key's row
     makes send() wait for it, and a rolled-back holder lets it go."""

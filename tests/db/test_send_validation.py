@@ -253,7 +253,7 @@ def routed_to(backend: str) -> override_settings:
     ("backend", "reason"),
     [
         ("no.such.Transport", "Cannot import transport backend 'no.such.Transport'"),
-        ("django_outbox.transports.kafka.KafkaTransport", "Cannot import transport backend"),
+        ("django_outbox.transports.pigeon.CarrierPigeonTransport", "Cannot import transport backend"),  # no such module
         ("django_outbox.api.Outbox", "is not a subclass of django_outbox.transports.BaseTransport"),
         ("django_outbox.api.MAX_ATTEMPTS_LIMIT", "is not a subclass"),
     ],
