@@ -296,7 +296,8 @@ def test_a_task_returning_none_is_successful_with_none_for_one_write():
 
 
 def payload_writes(queries: CaptureQueriesContext) -> list[str]:
-    return [q["sql"] for q in queries.captured_queries if q["sql"].startswith("UPDATE") and 'SET "payload"' in q["sql"]]
+    quoted = f"SET {connection.ops.quote_name('payload')}"  # "payload" on PostgreSQL and SQLite, `payload` on MySQL
+    return [q["sql"] for q in queries.captured_queries if q["sql"].startswith("UPDATE") and quoted in q["sql"]]
 
 
 def test_an_async_task_is_awaited():
