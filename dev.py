@@ -27,7 +27,13 @@ ROOT = Path(__file__).resolve().parent
 DEFAULT_PG_URL = "postgres://postgres@127.0.0.1:5432/test"
 DEFAULT_MARIADB_URL = "mysql://root@127.0.0.1:3306/test"
 #: What the MariaDB cells run: the layers proven there so far (issue 20); the acceptance suites follow.
-MARIADB_TESTS = ["tests/unit", "tests/db", "tests/worker", "tests/acceptance/test_worker_processes.py"]
+MARIADB_TESTS = [
+    "tests/unit",
+    "tests/db",
+    "tests/worker",
+    "tests/acceptance/test_worker_processes.py",
+    "tests/acceptance/test_tasks_worker.py",  # Django 6.x: tasks run by real worker processes
+]
 #: Run once more with USE_TZ = False (naive times in a zone away from UTC): what handles time.
 NAIVE_TIME_TESTS = [
     "tests/db/test_housekeeping.py",
