@@ -3,7 +3,7 @@
 
 Every status change writes a new row version, with an entry in every B-tree index whose predicate the
 new version meets. This migration drops the three full indexes the admin alone used, ``(status, id)``,
-``(status, topic)`` and the B-tree on ``created_at``, for a partial ``(status, id) INCLUDE (topic)`` of
+``(status, topic)`` and the B-tree on ``created_at``, for a partial ``(status, id, topic)`` of
 finished rows (written once per message) and a BRIN index on ``created_at`` (PostgreSQL). The lease
 index goes on ``locked_by`` instead of ``locked_until``, so the heartbeat's lease extension is a HOT
 update, for which the table keeps room on each page (``fillfactor``). Attempts lose the database-level
@@ -80,6 +80,6 @@ class Migration(migrations.Migration):
         ),
         migrations.AddIndex(
             model_name='message',
-            index=models.Index(condition=models.Q(('status__in', ['delivered', 'dead', 'cancelled'])), fields=['status', 'id'], include=('topic',), name='outbox_msg_settled_idx'),
+            index=models.Index(condition=models.Q(('status__in', ['delivered', 'dead', 'cancelled'])), fields=['status', 'id', 'topic'], name='outbox_msg_settled_idx'),
         ),
     ]
