@@ -6,10 +6,10 @@ unique index hold many NULLs, so a plain one serves. ``django_outbox_key_lock`` 
 key: ``send()`` of a keyed message locks its row until the producer's transaction ends, which keeps each
 key's commit order equal to its id order (store/mysql.py). Nothing happens on other databases.
 
-The claim's ``(status, id)`` index and a ``(key, id)`` index for the head-of-key test are made here too:
-0008 dropped the full ``(status, id)`` index that PostgreSQL and SQLite replace with partial ones, and
-Django's ``mysql`` backend creates no partial index at all. Without an index behind its ``ORDER BY``, a
-``SKIP LOCKED`` claim on InnoDB gives a second session no rows (docs/databases.md).
+The claim's ``(status, id)`` index is made here too: 0008 dropped the full ``(status, id)`` index that
+PostgreSQL and SQLite replace with partial ones (Django's ``mysql`` backend makes those indexes without
+their conditions), and the claim names its index (``FORCE INDEX``): without an index behind its
+``ORDER BY``, a ``SKIP LOCKED`` claim on InnoDB gives a second session no rows (docs/databases.md).
 """
 
 from django.db import migrations
@@ -22,7 +22,6 @@ IDEMPOTENCY_INDEX = (
     "CREATE UNIQUE INDEX outbox_msg_idem_key_uniq ON django_outbox_message (idempotency_key)"
 )
 CLAIM_INDEX = "CREATE INDEX outbox_msg_status_id_idx ON django_outbox_message (status, id)"
-KEY_INDEX = "CREATE INDEX outbox_msg_mysql_key_idx ON django_outbox_message (`key`, id)"
 
 
 def forwards(apps, schema_editor):
@@ -30,7 +29,6 @@ def forwards(apps, schema_editor):
         return
     schema_editor.execute(IDEMPOTENCY_INDEX)
     schema_editor.execute(CLAIM_INDEX)
-    schema_editor.execute(KEY_INDEX)
     schema_editor.execute(KEY_LOCK)
 
 
@@ -38,7 +36,6 @@ def backwards(apps, schema_editor):
     if schema_editor.connection.vendor != "mysql":
         return
     schema_editor.execute("DROP TABLE django_outbox_key_lock")
-    schema_editor.execute("DROP INDEX outbox_msg_mysql_key_idx ON django_outbox_message")
     schema_editor.execute("DROP INDEX outbox_msg_status_id_idx ON django_outbox_message")
     schema_editor.execute("DROP INDEX outbox_msg_idem_key_uniq ON django_outbox_message")
 
