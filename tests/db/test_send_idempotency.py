@@ -208,3 +208,22 @@ def test_a_send_racing_the_archiving_of_its_keys_first_message_writes_the_new_on
     assert raced, "the interleaving was forced"
     assert second.pk != first.pk
     assert list(Message.objects.values_list("pk", flat=True)) == [second.pk]
+
+
+def test_idempotency_keys_and_message_keys_that_differ_only_in_case_or_accents_are_different():
+    """Keys are opaque strings, compared byte for byte on every database. MariaDB's default collation
+    (utf8mb4_general_ci) called "Ab3x" and "ab3X" equal: the second message, with the same content, was
+    taken for a repeat and never written."""
+    first = outbox.send("probe.created", {"n": 1}, idempotency_key="Ab3x", key="Order-É")
+    second = outbox.send("probe.created", {"n": 1}, idempotency_key="ab3X", key="order-e")
+    third = outbox.send("probe.created", {"n": 1}, idempotency_key="Ab3X")
+    assert len({first.pk, second.pk, third.pk}) == 3
+    assert Message.objects.filter(idempotency_key__in=["Ab3x", "ab3X", "Ab3X"]).count() == 3
+    assert Message.objects.filter(key="Order-É").count() == 1 and Message.objects.filter(key="order-e").count() == 1
+    batch = outbox.send_many(
+        [
+            {"topic": "probe.created", "payload": {"n": 2}, "idempotency_key": "Zz"},
+            {"topic": "probe.created", "payload": {"n": 2}, "idempotency_key": "zZ"},
+        ]
+    )
+    assert batch[0].pk != batch[1].pk
