@@ -10,9 +10,12 @@ from typing import Any
 import nats
 import nats.js.errors
 import pytest
+from opentelemetry import trace
 
 from django_outbox.models import Message
+from django_outbox.observability.tracing import DeliveryTracer
 from django_outbox.transports.nats import NATSTransport
+from django_outbox.worker import Relay, RelayConfig
 from tests.support.brokers import (
     FlakyProxy,
     Received,
@@ -26,6 +29,7 @@ from tests.support.brokers import (
 )
 from tests.support.checks import NATS_STREAMS
 from tests.support.services import require_service
+from tests.support.tracing import memory_exporter, traceparent
 
 pytestmark = pytest.mark.django_db(transaction=True)
 
@@ -164,3 +168,24 @@ def test_the_nats_stream_verdicts_match_the_real_server(stream, works):
             await nc.close()
 
     assert asyncio.run(create()) == works
+
+
+def test_the_delivery_spans_trace_context_travels_in_the_nats_headers(jetstream):
+    """W3C trace context over NATS: the published messages' ``traceparent`` is the worker's delivery span,
+    which links each sender's span (a batch published in one call is one span), so a consumer's span
+    continues from the delivery and reaches the view through the links."""
+    prefix, stream = jetstream
+    exporter = memory_exporter()
+    with outbox_settings("js", BACKEND, options(prefix, stream), f"{prefix}.*"):
+        with trace.get_tracer("tests").start_as_current_span("POST /orders") as view:
+            sent = send_many(f"{prefix}.orders", 2)
+        assert all(m.headers["traceparent"] == traceparent(view) for m in sent)
+        exporter.clear()
+        Relay(RelayConfig.from_settings(until_empty=True, notify=False), observers=[DeliveryTracer()]).drain()
+    (span,) = [s for s in exporter.get_finished_spans() if s.name == f"process {prefix}.orders"]
+    assert span.attributes["messaging.batch.message_count"] == 2
+    assert [link.context.span_id for link in span.links] == [view.get_span_context().span_id] * 2
+    received = read_stream(stream)
+    assert len(received) == 2
+    assert {r.headers["traceparent"] for r in received} == {traceparent(span)}
+    assert count_status(Message.Status.DELIVERED) == 2
