@@ -20,7 +20,7 @@ import logging
 import os
 import threading
 import time
-from collections.abc import Iterator, Sequence
+from collections.abc import Iterator, Mapping, Sequence
 from typing import TYPE_CHECKING
 
 from django.db import DatabaseError, connections
@@ -29,7 +29,6 @@ from prometheus_client.core import GaugeMetricFamily, Metric
 from prometheus_client.registry import Collector
 
 from ..admin import overview
-from ..routing import resolve_transport
 from ..worker.observer import Observer
 from .labels import topic_label
 
@@ -54,13 +53,6 @@ NO_TRANSPORT = "none"
 def multiprocess_dir() -> str | None:
     """prometheus-client's multiprocess mode, on when its documented variable names a directory."""
     return os.environ.get("PROMETHEUS_MULTIPROC_DIR") or os.environ.get("prometheus_multiproc_dir") or None
-
-
-def _transport_of(topic: str) -> str:
-    try:
-        return resolve_transport(topic)
-    except Exception:
-        return NO_TRANSPORT
 
 
 class WorkerMetrics(Observer):
@@ -102,7 +94,13 @@ class WorkerMetrics(Observer):
     def batch_started(self, batch: Sequence[Message]) -> None:
         self.busy.inc()
 
-    def batch_done(self, batch: Sequence[Message], outcomes: Sequence[store.Outcome], lost: set[int]) -> None:
+    def batch_done(
+        self,
+        batch: Sequence[Message],
+        outcomes: Sequence[store.Outcome],
+        lost: set[int],
+        transports: Mapping[int, str],
+    ) -> None:
         from .. import store
 
         self.busy.dec()
@@ -111,7 +109,7 @@ class WorkerMetrics(Observer):
             if o.message_id in lost:  # another worker holds it now: its outcome is that worker's to count
                 continue
             topic = topics[o.message_id]
-            transport = _transport_of(topic)
+            transport = transports.get(o.message_id, NO_TRANSPORT)
             labels = (topic_label(topic), transport)
             self.duration.labels(transport).observe(max(0.0, (o.finished_at - o.started_at).total_seconds()))
             if o.status == store.DELIVERED:

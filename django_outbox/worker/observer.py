@@ -9,7 +9,7 @@ An observer that raises is logged and ignored: watching the worker must never st
 from __future__ import annotations
 
 import logging
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:
@@ -50,8 +50,18 @@ class Observer:
         """The delivery call of ``group`` (one transport's messages), wrapped; runs on the delivering thread."""
         return call
 
-    def batch_done(self, batch: Sequence[Message], outcomes: Sequence[store.Outcome], lost: set[int]) -> None:
-        """The outcomes of ``batch`` are recorded (``lost``: ids whose lease was lost)."""
+    def batch_done(
+        self,
+        batch: Sequence[Message],
+        outcomes: Sequence[store.Outcome],
+        lost: set[int],
+        transports: Mapping[int, str],
+    ) -> None:
+        """The outcomes of ``batch`` are recorded (``lost``: ids whose lease was lost).
+
+        ``transports`` names the transport of each message id as the pipeline resolved it, once per
+        message: an observer that labels by transport reads it here instead of resolving the topic again
+        (a message whose topic nothing serves is absent)."""
 
 
 class Observers(Observer):
@@ -85,9 +95,15 @@ class Observers(Observer):
                 logger.exception("observer %r failed to wrap a delivery", o)
         return call
 
-    def batch_done(self, batch: Sequence[Message], outcomes: Sequence[store.Outcome], lost: set[int]) -> None:
+    def batch_done(
+        self,
+        batch: Sequence[Message],
+        outcomes: Sequence[store.Outcome],
+        lost: set[int],
+        transports: Mapping[int, str],
+    ) -> None:
         for o in self.observers:
             try:
-                o.batch_done(batch, outcomes, lost)
+                o.batch_done(batch, outcomes, lost, transports)
             except Exception:
                 logger.exception("observer %r failed on a batch's end", o)

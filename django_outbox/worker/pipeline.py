@@ -79,8 +79,9 @@ class Pipeline:
         self.observer.batch_started(batch)
         outcomes: list[store.Outcome] = []
         unstarted: list[int] = []
+        routes: list[Route] = []
         try:
-            routes = [self._route(m) for m in batch]  # once per message: grouping and delivery share it
+            routes = [self._route(m) for m in batch]  # once per message: grouping, delivery, observers share it
             index = 0
             while index < len(batch):
                 if self.halt.is_set():
@@ -95,7 +96,9 @@ class Pipeline:
                 self._release(unstarted)
             with self.stats.lock:
                 self.stats.in_flight -= len(batch)
-            self.observer.batch_done(batch, recorded, lost)
+            # routes is empty if the batch failed before they were resolved: the observers learn no names
+            names = {m.id: route for m, route in zip(batch, routes, strict=False) if isinstance(route, str)}
+            self.observer.batch_done(batch, recorded, lost, names)
         if self._hands_off_keys(batch, recorded, lost):
             try:
                 store.notify_now(self.config.database)

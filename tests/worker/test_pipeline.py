@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 
 import pytest
 
@@ -64,6 +64,51 @@ def test_the_topic_of_each_message_is_resolved_to_a_transport_once(handler, monk
     assert sorted(calls) == sorted(m.topic for m in batch) and len(batch) == 5
     nowhere = Message.objects.get(topic="p.nowhere")
     assert "UnknownTopicError" in nowhere.last_error  # a topic nothing serves fails its attempt, as before
+
+
+def test_an_observer_is_told_each_transport_instead_of_resolving_it_again(handler):
+    """With metrics on, the topic is still resolved once per message: the observer gets the pipeline's answer.
+
+    Counted on ``resolve_transport``'s cache, which every caller goes through whatever name it imported it
+    under, so a second resolution anywhere (the metrics' labels did one per outcome) shows."""
+    from prometheus_client import CollectorRegistry
+
+    from django_outbox.observability.metrics import NO_TRANSPORT, WorkerMetrics
+
+    handler("p.one", lambda m: None)
+    handler("p.two", lambda m: 1 / 0)
+    for topic in ("p.one", "p.two", "p.one"):
+        outbox.send(topic, {})
+    nowhere = MessageFactory(topic="p.nowhere")  # its route removed since it was sent
+    registry = CollectorRegistry()
+    config = RelayConfig.from_settings(notify=False)
+    batch = claimed(config)
+    seen: list[dict[int, str]] = []
+
+    class Watching(WorkerMetrics):
+        def batch_done(
+            self,
+            batch: Sequence[Message],
+            outcomes: Sequence[store.Outcome],
+            lost: set[int],
+            transports: Mapping[int, str],
+        ) -> None:
+            seen.append(dict(transports))
+            super().batch_done(batch, outcomes, lost, transports)
+
+    resolve_transport.cache_clear()
+    transports = TransportSet()
+    try:
+        Pipeline(config, Stats(), observer=Watching(registry)).process(batch, transports)
+    finally:
+        transports.close()
+    info = resolve_transport.cache_info()
+    assert info.hits + info.misses == len(batch) == 4
+    handled = resolve_transport("p.one")
+    assert seen == [{m.id: handled for m in batch if m.id != nowhere.id}]
+    assert registry.get_sample_value("outbox_messages_delivered_total", {"topic": "p.one", "transport": handled}) == 2
+    assert registry.get_sample_value("outbox_messages_failed_total", {"topic": "p.two", "transport": handled}) == 1
+    assert registry.get_sample_value("outbox_messages_failed_total", {"topic": "p.nowhere", "transport": NO_TRANSPORT})
 
 
 class _Transports:
