@@ -21,9 +21,10 @@ class OutboxConfig(AppConfig):
             from .retention import admin as retention_admin  # noqa: F401
 
         if uses_outbox_tasks():
+            from .tasks.backend import OutboxBackend
             from .tasks.runner import register_handler
 
-            register_handler()  # a worker serves tasks.* before any code asks Django for the backend
+            register_handler(OutboxBackend)  # a worker serves tasks.* before any code asks for the backend
 
         autodiscover_modules("outbox")
 

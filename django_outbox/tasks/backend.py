@@ -68,7 +68,7 @@ class OutboxBackend(BaseTaskBackend):
             )
         self.max_attempts: int = max_attempts
         # Workers and web processes alike: tasks.* topics are served (send() checks that a topic is).
-        register_handler()
+        register_handler(type(self))
 
     # --- enqueue ---------------------------------------------------------------------------------
 

@@ -32,11 +32,18 @@ if TYPE_CHECKING:
 logger = logging.getLogger("django_outbox.tasks")
 
 
-def register_handler() -> None:
-    """Serve ``tasks.*`` with :func:`run_task`; registering it again is a no-op.
+#: The class the task signals name as their sender (Django's own backends send ``type(self)``); set by
+#: :func:`register_handler`, so this module needs no import of the backend that imports it.
+_signal_sender: type = object
+
+
+def register_handler(backend: type) -> None:
+    """Serve ``tasks.*`` with :func:`run_task`, sending the task signals as ``backend``; again is a no-op.
 
     Django builds a backend per thread: registering again would clear the routing caches each time.
     """
+    global _signal_sender
+    _signal_sender = backend
     if registry.find(p.TOPIC_PATTERN) is not run_task:
         registry.register(p.TOPIC_PATTERN, run_task)
 
@@ -71,7 +78,7 @@ def run_task(message: Message) -> None:
             attempts=_previous_attempts(message),
             task=task,
         )
-        task_started.send_robust(_sender(), task_result=result)
+        task_started.send_robust(_signal_sender, task_result=result)
         args, kwargs = data[p.ARGS], data[p.KWARGS]
         if task.takes_context:
             raw = task.call(TaskContext(task_result=result), *args, **kwargs)
@@ -151,12 +158,6 @@ def _finish(
         task=result.task,
     ).errors
     object.__setattr__(result, "errors", errors)
-    for receiver, response in task_finished.send_robust(_sender(), task_result=result):
+    for receiver, response in task_finished.send_robust(_signal_sender, task_result=result):
         if isinstance(response, Exception):
             logger.error("task_finished receiver %r raised: %r", receiver, response)
-
-
-def _sender() -> type:
-    from .backend import OutboxBackend  # the backend imports this module to register the handler
-
-    return OutboxBackend
