@@ -148,7 +148,7 @@ def assert_settings_work() -> OutboxSettings:
     return conf
 
 
-@pytest.mark.django_db
+@pytest.mark.django_db(databases=["default", "other"])  # Django 6 asks each server for its version
 @given(outbox_setting=outbox_dicts(KEYS))
 def test_every_outbox_value_is_reported_or_works(outbox_setting):
     with checked(outbox_setting) as errors:
@@ -176,7 +176,7 @@ CORE = [
 ]
 
 
-@pytest.mark.django_db
+@pytest.mark.django_db(databases=["default", "other"])  # Django 6 asks each server for its version
 @hypothesis_settings(max_examples=max(10, hypothesis_settings().max_examples // 4))
 @given(outbox_setting=outbox_dicts(CORE, max_keys=6))
 def test_accepted_core_settings_send_and_deliver(outbox_setting, handler):
@@ -276,7 +276,7 @@ TRANSPORT_OPTIONS = st.sampled_from([WEBHOOK, AMQP, REDIS, NATS, EMAIL]).flatmap
 )
 
 
-@pytest.mark.django_db
+@pytest.mark.django_db(databases=["default", "other"])  # Django 6 asks each server for its version
 @given(case=TRANSPORT_OPTIONS)
 def test_every_transport_option_is_reported_or_builds(case):
     backend, options = case
@@ -314,7 +314,7 @@ CHANNELS = st.one_of(
 )
 
 
-@pytest.mark.django_db
+@pytest.mark.django_db(databases=["default", "other"])  # Django 6 asks each server for its version
 @hypothesis_settings(max_examples=max(10, hypothesis_settings().max_examples // 2))
 @given(channel=CHANNELS)
 def test_check_accepts_exactly_the_channels_postgres_takes(postgres, channel):
@@ -325,13 +325,13 @@ def test_check_accepts_exactly_the_channels_postgres_takes(postgres, channel):
 # --- the checks' verdicts on NOTIFY_CHANNEL against the real server (from the unit layer's tables) ---
 
 
-@pytest.mark.django_db
+@pytest.mark.django_db(databases=["default", "other"])  # Django 6 asks each server for its version
 @pytest.mark.parametrize("channel", REFUSED_CHANNELS + ACCEPTED_CHANNELS)
 def test_check_agrees_with_the_real_server_about_each_channel(postgres, channel):
     assert server_takes_channel(channel) == (outbox_ids(NOTIFY_CHANNEL=channel) == [])
 
 
-@pytest.mark.django_db(transaction=True)
+@pytest.mark.django_db(transaction=True, databases=["default", "other"])
 def test_the_longest_channel_check_passes_works_for_send(postgres, handler):
     """63 bytes: check passes and send() commits (64 made every send() raise DataError in its transaction)."""
     channel = "\u00e9" * 31 + "a"
