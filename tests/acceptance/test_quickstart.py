@@ -116,3 +116,13 @@ def test_every_block_is_followed() -> None:
     languages = [language for language, _ in blocks()]
     assert set(languages) <= {"bash", "shell", "python", "ini"}, languages
     assert languages.count("python") >= 8 and languages.count("bash") >= 4
+
+
+def test_the_first_message_has_no_key_and_keys_come_with_their_cost():
+    """Keyed messages cost latency (docs/ordering.md): the page sends without a key first, then says what a
+    key costs and when to use one (issue 18 point 8)."""
+    sends = [line for _, text in blocks() for line in text.splitlines() if "outbox.send(" in line]
+    assert sends and "key=" not in sends[0], sends
+    assert any("key=" in line for line in sends[1:]), "the page shows a keyed message too"
+    keys = PAGE.read_text(encoding="utf-8").split("## 6. When order matters: keys", 1)[1].split("\n## ", 1)[0]
+    assert "The cost:" in keys and "Use a key when the consumer needs the order" in keys
