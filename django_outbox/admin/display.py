@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import datetime as dt
 import json
-import re
 import uuid as uuid_module
 from typing import Any
 
@@ -24,6 +23,7 @@ from django.utils.html import format_html
 from django.utils.safestring import SafeString
 
 from ..models import Message
+from .errors import error_summary as error_summary
 from .redaction import Disclosure, log_reveal, protection
 
 
@@ -50,26 +50,6 @@ def exact_match(search_term: str) -> Q | None:
 
 def error_block(text: str) -> SafeString | str:
     return format_html('<pre class="outbox-error">{}</pre>', text) if text else "-"
-
-
-#: A stored traceback's frame lines; the exception's own line is the first unindented one after them.
-_FRAME = re.compile(r"^(\s+|Traceback\b)")
-
-
-def error_summary(text: str) -> str:
-    """The line an operator reads first: the exception's type and message (``RuntimeError: warehouse is
-    down``), not the library frames a traceback opens with.
-
-    The worker stores ``traceback.format_exception`` text, whose last block ends in that line (notes
-    and the rest of a multi-line message follow it); errors written without a traceback (a lease that
-    expired, a cancel's reason) are summed up by their last line, as the list always did.
-    """
-    lines = [line for line in text.strip().splitlines() if line.strip() and line.strip() != "..."]
-    last_frame = max((i for i, line in enumerate(lines) if _FRAME.match(line)), default=None)
-    if last_frame is None:
-        return lines[-1].strip() if lines else ""
-    after = lines[last_frame + 1 :]
-    return after[0].strip() if after else lines[last_frame].strip()
 
 
 #: The one format of a moment on every outbox page: the list's columns must fit at 1280 px, and a page

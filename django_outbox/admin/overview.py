@@ -18,6 +18,7 @@ from django.db.models.functions import TruncMinute
 from .. import store
 from ..models import Attempt, Message, Worker
 from .counting import EXACT_COUNT_CAP, Tally, tally
+from .errors import error_summary
 
 #: A worker whose heartbeat is older than this is shown as gone. Workers beat every 5 seconds at most.
 STALE_AFTER_SECONDS = 30.0
@@ -57,6 +58,11 @@ class WorkerState:
     @property
     def housekeeping_failing(self) -> bool:
         return bool(self.housekeeping_error)
+
+    @property
+    def housekeeping_summary(self) -> str:
+        """The last round's error in one line: its exception's own, as an attempt's error is summed up."""
+        return error_summary(self.housekeeping_error)
 
     @property
     def alive(self) -> bool:

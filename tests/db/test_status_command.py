@@ -266,3 +266,27 @@ def test_blocked_keys_have_their_own_line_and_health_check_apart_from_the_lag():
 def test_a_health_check_bound_that_could_never_or_always_fire_is_refused(option, value):
     with pytest.raises(CommandError, match=option.lstrip("-").replace("-", "[-_]")):
         status(option, value)
+
+
+def _housekeeping_traceback() -> str:
+    """A failed housekeeping round as the worker stores it: frames first, then the exception and a note."""
+    from django_outbox.worker.errors import describe_error
+
+    def archive() -> None:
+        exc = RuntimeError("archive table is missing")
+        exc.add_note("while archiving 500 delivered messages")
+        raise exc
+
+    try:
+        archive()
+    except RuntimeError as exc:
+        return describe_error(exc)
+    raise AssertionError("unreachable")
+
+
+def test_a_failing_housekeeping_round_reads_as_its_exceptions_line():
+    """Not the note the traceback ends with, nor its first frames (issue 18 point 3's rule, in a terminal)."""
+    worker = beat("a:1:x", seconds_ago=1)
+    Worker.objects.filter(pk=worker.pk).update(housekeeping_error=_housekeeping_traceback(), housekeeping_failures=3)
+    text = status()
+    assert "housekeeping failing (3 failed rounds): RuntimeError: archive table is missing\n" in text, text

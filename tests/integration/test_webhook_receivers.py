@@ -120,9 +120,10 @@ def node_receiver() -> Iterator[NodeReceiver]:
     receiver.stop()
 
 
-@pytest.mark.parametrize("body_format", ["standard-webhooks", "payload"])
+@pytest.mark.parametrize("body_format", ["standard-webhooks", "payload", None])
 def test_nodes_standardwebhooks_verifies_real_deliveries(settings, node_receiver, body_format):
-    configure(settings, node_receiver.url(), FORMAT=body_format)
+    options = {} if body_format is None else {"FORMAT": body_format}  # None: the option left out (the default)
+    configure(settings, node_receiver.url(), **options)
     sent = send_all()
     seen = node_receiver.requests(len(sent))
     for line, message in zip(seen, sent, strict=True):

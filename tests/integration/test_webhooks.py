@@ -83,6 +83,7 @@ def test_delivers_signed_request_that_standardwebhooks_verifies(hooks, server):
     }
     assert first.headers["webhook-id"] == str(keyed.uuid)
     assert second.headers["webhook-id"] == str(plain.uuid)
+    assert json.loads(second.body)["type"] == "orders.paid"
     assert abs(int(first.headers["webhook-timestamp"]) - time.time()) < 60
     assert first.headers["webhook-signature"].startswith("v1,")
     # Another implementation of the specification accepts what we send.

@@ -131,5 +131,4 @@ class Command(BaseCommand):
                 f"in flight {w.in_flight}  delivered {w.delivered}  failed {w.failed}"
             )
             if w.housekeeping_error:
-                last = w.housekeeping_error.strip().splitlines()[-1]
-                write(f"    housekeeping failing ({w.housekeeping_failures} failed rounds): {last}")
+                write(f"    housekeeping failing ({w.housekeeping_failures} failed rounds): {w.housekeeping_summary}")

@@ -358,6 +358,29 @@ def test_overview_page_shows_counts_lag_chart_dead_topics_and_workers(admin_clie
     assert re.search(r"(8|9)\d\.\d s", lag[:300])
 
 
+def test_overview_sums_up_a_failing_housekeeping_round_by_its_exceptions_line(admin_client):
+    """The collapsed line is the exception's own, as an attempt's; the traceback is one click away."""
+    from django_outbox.models import Worker
+    from tests.db.test_status_command import _housekeeping_traceback
+
+    now = timezone.now()
+    error = _housekeeping_traceback()
+    Worker.objects.create(
+        worker_id="web-1:10:aa",
+        hostname="web-1",
+        pid=10,
+        started_at=now,
+        last_seen=now,
+        housekeeping_error=error,
+        housekeeping_failures=2,
+    )
+    html = admin_client.get(OVERVIEW).content.decode()
+    summary = re.search(r"<summary>(.*?)</summary>\s*<pre>(.*?)</pre>", html, re.S)
+    assert summary, html
+    assert summary.group(1).strip() == "RuntimeError: archive table is missing"
+    assert summary.group(2).startswith("Traceback (most recent call last):")
+
+
 def test_changelist_names_the_function_of_a_task_message(admin_client):
     """A django.tasks message (topic tasks.<queue>) shows its function's path under the topic; another
     message's payload stays unread, even with a "task" key."""

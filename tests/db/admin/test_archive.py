@@ -3,10 +3,12 @@
 from __future__ import annotations
 
 import datetime as dt
+import re
 
 import pytest
 from django.test import override_settings
 from django.urls import reverse
+from django.utils import timezone
 
 from django_outbox.admin import overview
 from django_outbox.retention import housekeeping
@@ -37,6 +39,36 @@ def test_overview_lists_keys_blocked_by_a_dead_message(admin_client):
     section = section[: section.index("</div>")]
     assert "order-7" in section and f"#{dead_id}" in section and "order-8" not in section
     assert reverse("admin:django_outbox_message_change", args=[dead_id]) in section
+
+
+def test_the_overviews_lag_leaves_out_a_key_blocked_by_a_dead_message(admin_client):
+    """A message waiting ten minutes behind its key's dead head is the blocked keys' section's, not lag
+    (issue 18 point 4); a claimable message's wait is lag, and the page shows both apart."""
+    ago = timezone.now() - dt.timedelta(minutes=10)
+    dead = MessageFactory.create(key="order-7", status="dead", created_at=ago, available_at=ago)
+    MessageFactory.create(key="order-7", status="pending", created_at=ago, available_at=ago)
+
+    def sections() -> tuple[str, str, str]:
+        html = admin_client.get(OVERVIEW).content.decode()
+        lag = html[html.rindex("<li", 0, html.index('id="outbox-lag"')) :]
+        held = html[html.index('id="outbox-held"') :]
+        blocked = html[html.index('id="outbox-blocked-keys"') :]
+        return lag[: lag.index("</li>")], held[: held.index("</li>")], blocked[: blocked.index("</div>")]
+
+    lag, held, blocked = sections()
+    assert "0.0 s" in lag and "outbox-warning" not in html_tag(lag)
+    assert "0 + 1" in held
+    assert "order-7" in blocked and f"#{dead.pk}" in blocked
+    MessageFactory.create(key="order-8", status="pending", created_at=ago, available_at=ago)  # claimable
+    lag, held, blocked = sections()
+    assert re.search(r"(599|6\d\d)\.\d s", lag), lag
+    assert "outbox-warning" in html_tag(lag)
+    assert "0 + 1" in held and "order-8" not in blocked
+
+
+def html_tag(section: str) -> str:
+    """The section's opening tag (its class says whether the card warns)."""
+    return section[: section.index(">")]
 
 
 @override_settings(OUTBOX={"ORDERING": "skip_dead"})
