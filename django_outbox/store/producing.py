@@ -59,15 +59,7 @@ def insert(alias: str, new: NewMessage, *, notify: str | None = None) -> tuple[M
                 return _insert_mysql(alias, conn, new)
         return _insert_mysql(alias, conn, new)
     pg = is_pg(conn)
-    params = [
-        prep_uuid(conn, new.uuid),
-        new.topic,
-        new.key,
-        new.payload_json,
-        new.headers_json,
-        new.idempotency_key,
-        new.max_attempts,
-    ]
+    params = _row_params(conn, new)
     # PostgreSQL: created at the server's now, and due at it plus the delay unless a time was given.
     schedule: _Schedule = "given"
     if not pg:
@@ -111,17 +103,10 @@ def insert(alias: str, new: NewMessage, *, notify: str | None = None) -> tuple[M
     return _new_message(alias, int(row[0]), new), True
 
 
-def _insert_mysql(alias: str, conn: Any, new: NewMessage) -> tuple[Message, bool]:
-    """MariaDB/MySQL: the key's lock row first (commit order, see store.mysql), then the row.
-
-    On MariaDB (``INSERT ... RETURNING``) and the server's clock, the row is created at the server's now and
-    due at it plus the delay, as on PostgreSQL; MySQL, which cannot return them, takes the sender's times.
-    """
-    mysql.refuse_deep_json("payload", new.payload_json)
-    mysql.refuse_deep_json("headers", new.headers_json)
-    if new.key is not None:
-        mysql.lock_key(conn, new.key)
-    params: list[Any] = [
+def _row_params(conn: BaseDatabaseWrapper, new: NewMessage) -> list[Any]:
+    """The values of a row's first columns, in the order every ``INSERT`` here names them (uuid, topic,
+    key, payload, headers, idempotency_key, max_attempts); the times, which differ, follow."""
+    return [
         prep_uuid(conn, new.uuid),
         new.topic,
         new.key,
@@ -130,6 +115,25 @@ def _insert_mysql(alias: str, conn: Any, new: NewMessage) -> tuple[Message, bool
         new.idempotency_key,
         new.max_attempts,
     ]
+
+
+def _refuse_deep_json(new: NewMessage, caller: str = "outbox.send()") -> None:
+    mysql.refuse_deep_json("payload", new.payload_json, caller=caller)
+    mysql.refuse_deep_json("headers", new.headers_json, caller=caller)
+
+
+def _insert_mysql(alias: str, conn: Any, new: NewMessage, *, checked: bool = False) -> tuple[Message, bool]:
+    """MariaDB/MySQL: the key's lock row first (commit order, see store.mysql), then the row.
+
+    On MariaDB (``INSERT ... RETURNING``) and the server's clock, the row is created at the server's now and
+    due at it plus the delay, as on PostgreSQL; MySQL, which cannot return them, takes the sender's times.
+    ``checked``: the JSON's depth was already checked (``send_many()`` checks every item first).
+    """
+    if not checked:
+        _refuse_deep_json(new)
+    if new.key is not None:
+        mysql.lock_key(conn, new.key)
+    params = _row_params(conn, new)
     server_times = mysql_server_clock(conn) and bool(conn.features.can_return_columns_from_insert)
     if not server_times:
         times = "%s, %s"
@@ -314,12 +318,16 @@ def _insert_many_mysql(
     there a taken idempotency key fails a multi-row ``INSERT`` whole, and ``INSERT IGNORE`` would also
     swallow every other error (docs/databases.md).
     """
+    # Every item is checked before the first lock or row: a batch refused for its last item must not
+    # have waited for (and held) the keys of the others.
+    for index, new in enumerate(news):
+        _refuse_deep_json(new, f"outbox.send_many(): item {index}")
     results: list[tuple[Message, bool]] = []
     with transaction.atomic(using=alias):
         for key in sorted({new.key for new in news if new.key is not None}):
             mysql.lock_key(conn, key)
         for new in news:
-            message, created = _insert_mysql(alias, conn, new)
+            message, created = _insert_mysql(alias, conn, new, checked=True)
             if not created:
                 error = check(message, new)
                 if error is not None:
@@ -352,17 +360,7 @@ def _insert_many_sql(
     params = []
     for new in news:
         values.append(f"(%s, %s, %s, %s, %s, %s, '{PENDING}', 0, %s, %s, %s, '')")
-        params += [
-            prep_uuid(conn, new.uuid),
-            new.topic,
-            new.key,
-            new.payload_json,
-            new.headers_json,
-            new.idempotency_key,
-            new.max_attempts,
-            prep_dt(conn, new.available_at),
-            prep_dt(conn, new.created_at),
-        ]
+        params += [*_row_params(conn, new), prep_dt(conn, new.available_at), prep_dt(conn, new.created_at)]
     conflict = " ON CONFLICT (idempotency_key) WHERE idempotency_key IS NOT NULL DO NOTHING" if idempotent else ""
     sql = (
         f"INSERT INTO {MESSAGE} (uuid, topic, key, payload, headers, idempotency_key, status, attempts,"
