@@ -5,7 +5,10 @@ installed ``trace_headers`` is None and ``send()`` skips it with one test (``ben
 
 A ``traceparent`` the caller put in ``headers`` is kept as given, with whatever ``tracestate`` came with
 it: the caller said which trace the message belongs to (one relayed from another system, say), and a
-header the caller wrote is never changed behind its back.
+pair the caller wrote is never changed behind its back. A ``tracestate`` without a ``traceparent``
+belongs to no parent: W3C trace context calls it invalid and has it discarded, so inside a span it is
+dropped (in any spelling) for the span's own pair, whether or not the span has a tracestate; outside
+one, ``send()`` takes no part in a trace and stores the headers as given.
 """
 
 from __future__ import annotations
@@ -36,7 +39,12 @@ def _injector() -> HeaderInjector | None:
             return headers
         carrier: dict[str, str] = {}
         propagator.inject(carrier)
-        return {**headers, **carrier} if headers else carrier or headers
+        if not headers:
+            return carrier or headers
+        # Without its traceparent a tracestate is invalid (W3C trace context: it MUST be discarded):
+        # the span's pair goes in whole, and no state of the caller's sits beside a parent it is not of.
+        own = {name: value for name, value in headers.items() if str(name).lower() != TRACESTATE}
+        return {**own, **carrier}
 
     return inject
 

@@ -1,10 +1,10 @@
 """``health/`` and ``metrics/`` for the web process: what a load balancer, a probe or a scraper asks.
 
 Both show operational figures only (counts, lag, workers), never a message. They are open to active
-staff sessions and to a request bearing ``OUTBOX["HEALTH_TOKEN"]`` (``Authorization: Bearer ...``),
-compared in constant time; anyone else gets 401 (a token is configured: present it) or 403, and no
-figure. The token is never logged, and Django's error pages hide ``*TOKEN*`` settings and the
-``Authorization`` header.
+staff sessions (whatever ``Authorization`` header a proxy adds) and to a request bearing
+``OUTBOX["HEALTH_TOKEN"]`` (``Authorization: Bearer ...``), compared in constant time; anyone else gets
+401 (a token is configured or a bearer was presented) or 403, and no figure. The token is never
+logged, and Django's error pages hide ``*TOKEN*`` settings and the ``Authorization`` header.
 """
 
 from __future__ import annotations
@@ -28,18 +28,21 @@ logger = logging.getLogger("django_outbox.health")
 
 
 def _refused(request: HttpRequest) -> HttpResponse | None:
-    """None when the request may see the figures; else the response that says it may not."""
+    """None when the request may see the figures; else the response that says it may not.
+
+    Either credential opens them: a valid bearer token, or an active staff session. The session is
+    looked at whatever ``Authorization`` header comes with it: a proxy in front of the site may add its
+    own (``Basic`` for a protected staging host), and that must not lock the operators out.
+    """
     token = get_settings().HEALTH_TOKEN
-    given = request.headers.get("Authorization")
-    if given is not None:
-        scheme, _, credentials = given.partition(" ")
-        if token and scheme.lower() == "bearer" and hmac.compare_digest(credentials.strip().encode(), token.encode()):
-            return None
-        return _unauthorized()
+    scheme, _, credentials = request.headers.get("Authorization", "").partition(" ")
+    bearer = scheme.lower() == "bearer"
+    if bearer and token and hmac.compare_digest(credentials.strip().encode(), token.encode()):
+        return None
     user: Any = getattr(request, "user", None)
     if user is not None and user.is_active and user.is_staff:
         return None
-    if token:
+    if token or bearer:
         return _unauthorized()
     return JsonResponse({"error": "staff only"}, status=403)
 

@@ -249,21 +249,7 @@ def _batch_sqlite(conn: BaseDatabaseWrapper, cutoff: dt.datetime, batch_size: in
     batch = _finished_sql("LIMIT %s")
     ids = [DELIVERED, CANCELLED, prep_dt(conn, cutoff), prep_dt(conn, cutoff), batch_size]
     with transaction.atomic(using=conn.alias), conn.cursor() as cursor:
-        if archive is not None:
-            when = prep_dt(conn, archive)
-            cursor.execute(
-                f"INSERT INTO {ARCHIVED_MESSAGE} ({_MESSAGE_COLUMNS}, archived_at)"
-                f" SELECT {_MESSAGE_COLUMNS}, %s FROM {MESSAGE} WHERE id IN ({batch})",
-                [when, *ids],
-            )
-            cursor.execute(
-                f"INSERT INTO {ARCHIVED_ATTEMPT} ({_ATTEMPT_COLUMNS}, archived_at)"
-                f" SELECT {_ATTEMPT_COLUMNS}, %s FROM {ATTEMPT} WHERE message_id IN ({batch})",
-                [when, *ids],
-            )
-        cursor.execute(f"DELETE FROM {ATTEMPT} WHERE message_id IN ({batch})", ids)
-        cursor.execute(f"DELETE FROM {MESSAGE} WHERE id IN ({batch})", ids)
-        return int(cursor.rowcount)
+        return _archive_and_delete(conn, cursor, batch, ids, archive)
 
 
 def _batch_mysql(conn: BaseDatabaseWrapper, cutoff: dt.datetime, batch_size: int, archive: dt.datetime | None) -> int:
@@ -278,23 +264,34 @@ def _batch_mysql(conn: BaseDatabaseWrapper, cutoff: dt.datetime, batch_size: int
         ids = [row[0] for row in cursor.fetchall()]
         if not ids:
             return 0
-        batch = ", ".join(["%s"] * len(ids))
-        if archive is not None:
-            when = prep_dt(conn, archive)
-            columns = ", ".join(conn.ops.quote_name(c.strip()) for c in _MESSAGE_COLUMNS.split(","))  # `key`
-            cursor.execute(
-                f"INSERT INTO {ARCHIVED_MESSAGE} ({columns}, archived_at)"
-                f" SELECT {columns}, %s FROM {MESSAGE} WHERE id IN ({batch})",
-                [when, *ids],
-            )
-            cursor.execute(
-                f"INSERT INTO {ARCHIVED_ATTEMPT} ({_ATTEMPT_COLUMNS}, archived_at)"
-                f" SELECT {_ATTEMPT_COLUMNS}, %s FROM {ATTEMPT} WHERE message_id IN ({batch})",
-                [when, *ids],
-            )
-        cursor.execute(f"DELETE FROM {ATTEMPT} WHERE message_id IN ({batch})", ids)
-        cursor.execute(f"DELETE FROM {MESSAGE} WHERE id IN ({batch})", ids)
-        return int(cursor.rowcount)
+        return _archive_and_delete(conn, cursor, ", ".join(["%s"] * len(ids)), ids, archive)
+
+
+def _archive_and_delete(
+    conn: BaseDatabaseWrapper, cursor: Any, batch: str, params: list[Any], archive: dt.datetime | None
+) -> int:
+    """The batch's rows copied to the archive (``archive`` = the archiving time; None: deleted only), then
+    deleted with their attempts, inside the caller's transaction; returns the messages deleted.
+
+    ``batch`` is what ``id IN (...)`` holds, with ``params`` its values: on SQLite the batch's query,
+    re-read by every statement; on MariaDB/MySQL the ids it already locked, one placeholder each.
+    """
+    if archive is not None:
+        when = prep_dt(conn, archive)
+        columns = ", ".join(conn.ops.quote_name(c.strip()) for c in _MESSAGE_COLUMNS.split(","))  # `key`
+        cursor.execute(
+            f"INSERT INTO {ARCHIVED_MESSAGE} ({columns}, archived_at)"
+            f" SELECT {columns}, %s FROM {MESSAGE} WHERE id IN ({batch})",
+            [when, *params],
+        )
+        cursor.execute(
+            f"INSERT INTO {ARCHIVED_ATTEMPT} ({_ATTEMPT_COLUMNS}, archived_at)"
+            f" SELECT {_ATTEMPT_COLUMNS}, %s FROM {ATTEMPT} WHERE message_id IN ({batch})",
+            [when, *params],
+        )
+    cursor.execute(f"DELETE FROM {ATTEMPT} WHERE message_id IN ({batch})", params)
+    cursor.execute(f"DELETE FROM {MESSAGE} WHERE id IN ({batch})", params)
+    return int(cursor.rowcount)
 
 
 def _prune_archive_mysql(

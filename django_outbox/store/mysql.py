@@ -86,12 +86,15 @@ def json_depth(encoded: str) -> int:
     return deepest
 
 
-def refuse_deep_json(what: str, encoded: str) -> None:
-    """A clear error at send time, where the server's ``CHECK`` would raise error 4025 naming a constraint."""
+def refuse_deep_json(what: str, encoded: str, *, caller: str = "outbox.send()") -> None:
+    """A clear error at send time, where the server's ``CHECK`` would raise error 4025 naming a constraint.
+
+    ``caller`` starts the message: ``send_many()`` names the item (``outbox.send_many(): item 3``).
+    """
     depth = json_depth(encoded)
     if depth > JSON_MAX_DEPTH:
         raise ValueError(
-            f"outbox.send(): {what} nests lists and objects {depth} levels deep; MariaDB stores JSON up to "
+            f"{caller}: {what} nests lists and objects {depth} levels deep; MariaDB stores JSON up to "
             f"{JSON_MAX_DEPTH} levels (docs/databases.md)."
         )
 

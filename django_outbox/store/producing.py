@@ -59,15 +59,7 @@ def insert(alias: str, new: NewMessage, *, notify: str | None = None) -> tuple[M
                 return _insert_mysql(alias, conn, new)
         return _insert_mysql(alias, conn, new)
     pg = is_pg(conn)
-    params = [
-        prep_uuid(conn, new.uuid),
-        new.topic,
-        new.key,
-        new.payload_json,
-        new.headers_json,
-        new.idempotency_key,
-        new.max_attempts,
-    ]
+    params = _row_params(conn, new)
     # PostgreSQL: created at the server's now, and due at it plus the delay unless a time was given.
     schedule: _Schedule = "given"
     if not pg:
@@ -111,17 +103,10 @@ def insert(alias: str, new: NewMessage, *, notify: str | None = None) -> tuple[M
     return _new_message(alias, int(row[0]), new), True
 
 
-def _insert_mysql(alias: str, conn: Any, new: NewMessage) -> tuple[Message, bool]:
-    """MariaDB/MySQL: the key's lock row first (commit order, see store.mysql), then the row.
-
-    On MariaDB (``INSERT ... RETURNING``) and the server's clock, the row is created at the server's now and
-    due at it plus the delay, as on PostgreSQL; MySQL, which cannot return them, takes the sender's times.
-    """
-    mysql.refuse_deep_json("payload", new.payload_json)
-    mysql.refuse_deep_json("headers", new.headers_json)
-    if new.key is not None:
-        mysql.lock_key(conn, new.key)
-    params: list[Any] = [
+def _row_params(conn: BaseDatabaseWrapper, new: NewMessage) -> list[Any]:
+    """The values of a row's first columns, in the order every ``INSERT`` here names them (uuid, topic,
+    key, payload, headers, idempotency_key, max_attempts); the times, which differ, follow."""
+    return [
         prep_uuid(conn, new.uuid),
         new.topic,
         new.key,
@@ -130,6 +115,25 @@ def _insert_mysql(alias: str, conn: Any, new: NewMessage) -> tuple[Message, bool
         new.idempotency_key,
         new.max_attempts,
     ]
+
+
+def _refuse_deep_json(new: NewMessage, caller: str = "outbox.send()") -> None:
+    mysql.refuse_deep_json("payload", new.payload_json, caller=caller)
+    mysql.refuse_deep_json("headers", new.headers_json, caller=caller)
+
+
+def _insert_mysql(alias: str, conn: Any, new: NewMessage, *, checked: bool = False) -> tuple[Message, bool]:
+    """MariaDB/MySQL: the key's lock row first (commit order, see store.mysql), then the row.
+
+    On MariaDB (``INSERT ... RETURNING``) and the server's clock, the row is created at the server's now and
+    due at it plus the delay, as on PostgreSQL; MySQL, which cannot return them, takes the sender's times.
+    ``checked``: the JSON's depth was already checked (``send_many()`` checks every item first).
+    """
+    if not checked:
+        _refuse_deep_json(new)
+    if new.key is not None:
+        mysql.lock_key(conn, new.key)
+    params = _row_params(conn, new)
     server_times = mysql_server_clock(conn) and bool(conn.features.can_return_columns_from_insert)
     if not server_times:
         times = "%s, %s"
@@ -228,9 +232,13 @@ def insert_many(
     The items' idempotency keys are distinct (``send_many()`` folds repeats). A key already stored is
     handed to ``check`` with the stored message: it returns the error to raise for a conflict, and then
     nothing of the batch stays written. On PostgreSQL the rows travel as one array per column
-    (``unnest``), so the statement has the same dozen parameters for any number of rows; every key of
+    (one JSON document), so the statement has the same few parameters for any number of rows; every key of
     the batch is locked first, once each, in the order of its lock's number, before any row takes its
-    id (``_insert_sql``), and the rows take their ids in the batch's order. SQLite binds each value: a
+    id (``_insert_sql``), and the rows take their ids in the batch's order. Rows with idempotency keys are
+    written in the order of those keys (``_insert_many_pg_sql``: no deadlock between batches sharing
+    them). If a key's holder leaves the table between the ``INSERT`` that skipped its item and the
+    lookup, the batch is taken back to its savepoint and written again whole, so the freed item keeps
+    its place among its key's messages. SQLite binds each value: a
     batch larger than the connection's limit on bound variables (``SQLITE_LIMIT_VARIABLE_NUMBER``, 32766
     by default since SQLite 3.32) is written in several statements of as many rows as fit.
     """
@@ -243,9 +251,27 @@ def insert_many(
         rows_per_statement = max(1, _sqlite_variable_limit(conn) // _SQLITE_PARAMS_PER_ROW)
     # The batch must stay whole: a conflict found after the INSERT, or a failing later statement,
     # takes back what was written (a savepoint in the caller's transaction, a transaction in autocommit).
-    whole = any(new.idempotency_key is not None for new in news) or len(news) > rows_per_statement
-    with transaction.atomic(using=alias) if whole else contextlib.nullcontext():
-        return _insert_many(alias, conn, pg, news, notify, check, rows_per_statement)
+    idempotent = any(new.idempotency_key is not None for new in news)
+    if not idempotent:
+        with transaction.atomic(using=alias) if len(news) > rows_per_statement else contextlib.nullcontext():
+            return _insert_many(alias, conn, pg, news, notify, check, rows_per_statement)
+    for _ in range(_INSERT_TRIES):
+        try:
+            with transaction.atomic(using=alias):
+                return _insert_many(alias, conn, pg, news, notify, check, rows_per_statement)
+        except _HolderVanished:
+            # Written again whole, rather than only the items whose key came free: those would take ids
+            # after the batch's later items of their key, out of the batch's order.
+            continue
+    raise RuntimeError(  # pragma: no cover - only if a key is taken and freed again on every try
+        f"outbox.send_many(): idempotency keys were taken and freed {_INSERT_TRIES} times while these messages "
+        "were written; send again"
+    )
+
+
+class _HolderVanished(Exception):
+    """An idempotency key's holder left the table between the ``INSERT`` that skipped an item for it and
+    the lookup (housekeeping archived or deleted it, or its transaction rolled back)."""
 
 
 def _insert_many(
@@ -258,47 +284,36 @@ def _insert_many(
     rows_per_statement: int,
 ) -> list[tuple[Message, bool]]:
     results: dict[uuid_module.UUID, tuple[Message, bool]] = {}
-    pending = list(news)
     build = instance_builder(alias)
     with conn.cursor() as cursor:
-        for _ in range(_INSERT_TRIES):
-            for start in range(0, len(pending), rows_per_statement):
-                chunk = pending[start : start + rows_per_statement]
-                sql, params = _insert_many_sql(conn, pg, chunk, notify)
-                cursor.execute(sql, params)
-                rows = cursor.fetchall()
-                written = {_as_uuid(row[0]): row for row in rows}
-                # PostgreSQL: the server's times, as for send(); the statement's one created_at comes in
-                # the first row only, and available_at only where it differs (fewer values to convert).
-                created_at = next((row[3] for row in rows if row[3] is not None), None) if pg else None
-                for new in chunk:
-                    row = written.get(new.uuid)
-                    if row is not None:
-                        times = (created_at, row[2] or created_at) if created_at is not None else None
-                        results[new.uuid] = (_new_message(alias, int(row[1]), new, build, times), True)
-            skipped = [new for new in pending if new.uuid not in results]
-            if not skipped:
-                break
+        for start in range(0, len(news), rows_per_statement):
+            chunk = news[start : start + rows_per_statement]
+            sql, params = _insert_many_sql(conn, pg, chunk, notify)
+            cursor.execute(sql, params)
+            rows = cursor.fetchall()
+            written = {_as_uuid(row[0]): row for row in rows}
+            # PostgreSQL: the server's times, as for send(); the statement's one created_at comes in
+            # the first row only, and available_at only where it differs (fewer values to convert).
+            created_at = next((row[3] for row in rows if row[3] is not None), None) if pg else None
+            for new in chunk:
+                row = written.get(new.uuid)
+                if row is not None:
+                    times = (created_at, row[2] or created_at) if created_at is not None else None
+                    results[new.uuid] = (_new_message(alias, int(row[1]), new, build, times), True)
+        skipped = [new for new in news if new.uuid not in results]
+        if skipped:
             keys = [new.idempotency_key for new in skipped]
             where = "idempotency_key = ANY(%s)" if pg else "idempotency_key IN (SELECT value FROM json_each(%s))"
             cursor.execute(f"SELECT {COLUMNS} FROM {MESSAGE} WHERE {where}", [keys if pg else json.dumps(keys)])
             stored = {message.idempotency_key: message for message in to_messages(alias, conn, cursor.fetchall())}
             for new in skipped:
                 holder = stored.get(new.idempotency_key)
-                if holder is not None:
-                    error = check(holder, new)
-                    if error is not None:
-                        raise error
-                    results[new.uuid] = (holder, False)
-            # A holder that left the table in between (archived, deleted, rolled back) freed its key.
-            pending = [new for new in skipped if new.uuid not in results]
-            if not pending:
-                break
-        else:  # pragma: no cover - only if a key is taken and freed again on every try
-            raise RuntimeError(
-                f"outbox.send_many(): idempotency keys {[n.idempotency_key for n in pending][:5]} were taken "
-                f"and freed {_INSERT_TRIES} times while these messages were written; send again"
-            )
+                if holder is None:
+                    raise _HolderVanished
+                error = check(holder, new)
+                if error is not None:
+                    raise error
+                results[new.uuid] = (holder, False)
     return [results[new.uuid] for new in news]
 
 
@@ -314,12 +329,16 @@ def _insert_many_mysql(
     there a taken idempotency key fails a multi-row ``INSERT`` whole, and ``INSERT IGNORE`` would also
     swallow every other error (docs/databases.md).
     """
+    # Every item is checked before the first lock or row: a batch refused for its last item must not
+    # have waited for (and held) the keys of the others.
+    for index, new in enumerate(news):
+        _refuse_deep_json(new, f"outbox.send_many(): item {index}")
     results: list[tuple[Message, bool]] = []
     with transaction.atomic(using=alias):
         for key in sorted({new.key for new in news if new.key is not None}):
             mysql.lock_key(conn, key)
         for new in news:
-            message, created = _insert_mysql(alias, conn, new)
+            message, created = _insert_mysql(alias, conn, new, checked=True)
             if not created:
                 error = check(message, new)
                 if error is not None:
@@ -352,17 +371,7 @@ def _insert_many_sql(
     params = []
     for new in news:
         values.append(f"(%s, %s, %s, %s, %s, %s, '{PENDING}', 0, %s, %s, %s, '')")
-        params += [
-            prep_uuid(conn, new.uuid),
-            new.topic,
-            new.key,
-            new.payload_json,
-            new.headers_json,
-            new.idempotency_key,
-            new.max_attempts,
-            prep_dt(conn, new.available_at),
-            prep_dt(conn, new.created_at),
-        ]
+        params += [*_row_params(conn, new), prep_dt(conn, new.available_at), prep_dt(conn, new.created_at)]
     conflict = " ON CONFLICT (idempotency_key) WHERE idempotency_key IS NOT NULL DO NOTHING" if idempotent else ""
     sql = (
         f"INSERT INTO {MESSAGE} (uuid, topic, key, payload, headers, idempotency_key, status, attempts,"
@@ -423,18 +432,41 @@ def _insert_many_pg_sql(*, keyed: bool, idempotent: bool, notify: bool) -> str:
         f" WHEN r.delay > 0 THEN LEAST(statement_timestamp() + r.delay * interval '1 second', {_LAST_PYTHON_TIME})"
         " ELSE statement_timestamp() END"
     )
-    conflict = " ON CONFLICT (idempotency_key) WHERE idempotency_key IS NOT NULL DO NOTHING" if idempotent else ""
-    insert = (
-        f"INSERT INTO {MESSAGE} (uuid, topic, key, payload, headers, idempotency_key, status, attempts,"
-        f" max_attempts, available_at, created_at, last_error)"
-        f" SELECT r.uuid, r.topic, r.key, r.payload, r.headers, r.idempotency_key, '{PENDING}', 0,"
-        f" r.max_attempts, {available}, statement_timestamp(), ''"
-        f" FROM{locks} batch AS r ORDER BY r.place{conflict} RETURNING uuid, id, created_at, available_at"
+    columns = (
+        "uuid, topic, key, payload, headers, idempotency_key, status, attempts, max_attempts, available_at,"
+        " created_at, last_error"
     )
+    values = (
+        f"r.uuid, r.topic, r.key, r.payload, r.headers, r.idempotency_key, '{PENDING}', 0, r.max_attempts,"
+        f" {available}, statement_timestamp(), ''"
+    )
+    if idempotent:
+        # Rows with idempotency keys can wait at the unique index for another transaction that is writing
+        # the same key. Written in the batch's order, [i1, i2] and [i2, i1] would each write their first
+        # and wait for the other's: a deadlock. So the rows are written in the order of their idempotency
+        # key, the same for every batch, while their ids are drawn first, in the batch's order (after the
+        # keys' locks, as above), so a key's messages still take their ids as listed. No lock per
+        # idempotency key: a big batch would fill the server's lock table, and batches would queue.
+        ids = (
+            f", ids AS MATERIALIZED (SELECT s.place, nextval(pg_get_serial_sequence('{MESSAGE}', 'id')) AS id"
+            f" FROM{locks} (SELECT place FROM batch ORDER BY place OFFSET 0) AS s)"
+        )
+        insert = (
+            f"INSERT INTO {MESSAGE} (id, {columns}) SELECT i.id, {values}"
+            " FROM batch AS r JOIN ids AS i ON i.place = r.place ORDER BY r.idempotency_key, r.place"
+            " ON CONFLICT (idempotency_key) WHERE idempotency_key IS NOT NULL DO NOTHING"
+            " RETURNING uuid, id, created_at, available_at"
+        )
+    else:
+        ids = ""
+        insert = (
+            f"INSERT INTO {MESSAGE} ({columns}) SELECT {values}"
+            f" FROM{locks} batch AS r ORDER BY r.place RETURNING uuid, id, created_at, available_at"
+        )
     # An uncorrelated subquery for the NOTIFY: evaluated once, and only if a row was written.
     wake = ", (SELECT pg_notify(%s, ''))" if notify else ""
     return (
-        f"WITH {batch}, m AS ({insert}) SELECT m.uuid, m.id, NULLIF(m.available_at, m.created_at),"
+        f"WITH {batch}{ids}, m AS ({insert}) SELECT m.uuid, m.id, NULLIF(m.available_at, m.created_at),"
         f" CASE WHEN row_number() OVER () = 1 THEN m.created_at END{wake} FROM m"
     )
 

@@ -2,14 +2,18 @@
 
 It runs like any handler, with no transaction open, so the two writes it makes (the attempt under way,
 then the return value or the error) are each committed at once, and only while this worker still holds
-the message's lease (the same fence the worker's own record uses): a worker whose lease was taken over
-cannot overwrite the outcome of the one that took it. Returning is delivered (SUCCESSFUL); raising is a
-failed attempt, retried with the outbox's backoff until ``OPTIONS["MAX_ATTEMPTS"]`` is used up (FAILED).
+the message's lease (the same fence the worker's own record uses) and only for this very claim (a
+token in the payload's running entry): a worker whose lease was taken over cannot overwrite the outcome
+of the one that took it, nor can a call the worker abandoned past ``HANDLER_TIMEOUT_SECONDS`` overwrite
+a later claim of the same worker at the same attempt number (a dead task retried with its attempts
+reset). Returning is delivered (SUCCESSFUL); raising is a failed attempt, retried with the outbox's
+backoff until ``OPTIONS["MAX_ATTEMPTS"]`` is used up (FAILED).
 """
 
 from __future__ import annotations
 
 import logging
+import secrets
 import traceback
 from collections.abc import Mapping
 from typing import TYPE_CHECKING, Any
@@ -57,12 +61,22 @@ def run_task(message: Message) -> None:
         )
     data = dict(data)
     started = timezone.now()
-    fence = _fence(message)
-    data[p.RUNNING] = {"attempt": message.attempts, "started_at": started.isoformat(), "worker": message.locked_by}
-    if not fence.update(payload=data):
+    # The lease (locked_by, attempts) does not tell two claims apart when the same worker claims the
+    # message again at the same attempt number: a dead task retried with its attempts reset while the
+    # call the worker abandoned (past HANDLER_TIMEOUT_SECONDS) still hangs. This claim's own token, in
+    # the running entry written first, fences the later writes: a later claim writes its own over it.
+    claim = secrets.token_hex(16)
+    data[p.RUNNING] = {
+        "attempt": message.attempts,
+        "started_at": started.isoformat(),
+        "worker": message.locked_by,
+        "claim": claim,
+    }
+    if not _fence(message).update(payload=data):
         raise TransientDeliveryError(
             f"task message {message.uuid} is no longer held by this worker (its lease was taken over); not run"
         )
+    fence = _fence(message).filter(**{f"payload__{p.RUNNING}__claim": claim})
     final = message.attempts >= message.max_attempts
     result: TaskResult[Any, Any] | None = None
     try:
@@ -89,8 +103,9 @@ def run_task(message: Message) -> None:
     except Exception as exc:
         data.pop(p.RUNNING, None)
         data[p.ERRORS] = [*(data.get(p.ERRORS) or []), _error(exc)]
-        fence.update(payload=data)
-        if result is not None and final:
+        if not fence.update(payload=data):
+            _stale(message)
+        elif result is not None and final:
             _finish(result, TaskResultStatus.FAILED, data)  # inside the except: the log receiver shows exc_info
         raise
     if value is not None:
@@ -98,8 +113,21 @@ def run_task(message: Message) -> None:
         # one write, the one above; the stale running entry is ignored once the message is delivered.
         data.pop(p.RUNNING, None)
         data[p.RETURN_VALUE] = value
-        fence.update(payload=data)
+        if not fence.update(payload=data):
+            _stale(message)
+            return
     _finish(result, TaskResultStatus.SUCCESSFUL, data, value=value)
+
+
+def _stale(message: Message) -> None:
+    """A call that outlived its claim (abandoned past the handler timeout, or its lease taken over): its
+    outcome is not the message's any more, and neither stored nor announced (``task_finished``)."""
+    logger.warning(
+        "task message %s: attempt %s ended after its claim did (timed out, or its lease was taken over); "
+        "its outcome was not stored",
+        message.uuid,
+        message.attempts,
+    )
 
 
 def _fence(message: Message) -> QuerySet[Message]:

@@ -13,6 +13,7 @@ from django.db import transaction
 from django.test import override_settings
 from django.utils import timezone
 from opentelemetry import trace
+from opentelemetry.trace.propagation.tracecontext import TraceContextTextMapPropagator
 
 from django_outbox import outbox
 from django_outbox.models import Message
@@ -52,6 +53,41 @@ def test_a_traceparent_of_the_caller_is_kept(tracer):
     with tracer.start_as_current_span("view"):
         message = outbox.send("probe.ok", {}, headers={"Traceparent": own, "tracestate": "k=v"})
     assert message.headers == {"Traceparent": own, "tracestate": "k=v"}
+
+
+def remote_parent(tracestate: str) -> Any:
+    """A context continuing a trace from elsewhere, so the spans started in it carry that tracestate."""
+    carrier = {"traceparent": "00-0af7651916cd43dd8448eb211c80319c-b7ad6b7169203331-01", "tracestate": tracestate}
+    return TraceContextTextMapPropagator().extract(carrier)
+
+
+@pytest.mark.parametrize("span_state", ["vendor=abc", ""], ids=["span with tracestate", "span without"])
+@pytest.mark.parametrize("name", ["tracestate", "TraceState"])
+def test_a_tracestate_without_its_traceparent_is_discarded_for_the_active_spans_pair(tracer, span_state, name):
+    """W3C trace context: a tracestate received without a traceparent is invalid and must be discarded.
+    The message stores the active span's pair whole, never a caller's tracestate beside the span's
+    traceparent (a state that belongs to no parent), whether or not the span has a tracestate."""
+    with tracer.start_as_current_span("view", context=remote_parent(span_state)) as span:
+        message = outbox.send("probe.ok", {}, headers={"tenant": "7", name: "mine=1"})
+    expected = {"tenant": "7", "traceparent": traceparent(span)} | ({"tracestate": span_state} if span_state else {})
+    assert message.headers == expected
+    message.refresh_from_db()
+    assert message.headers == expected
+
+
+def test_a_callers_pair_is_kept_even_in_a_span_with_its_own_tracestate(tracer):
+    own = "00-0af7651916cd43dd8448eb211c80319c-b7ad6b7169203331-01"
+    with tracer.start_as_current_span("view", context=remote_parent("vendor=abc")):
+        message = outbox.send("probe.ok", {}, headers={"traceparent": own, "TraceState": "mine=1"})
+    message.refresh_from_db()
+    assert message.headers == {"traceparent": own, "TraceState": "mine=1"}
+
+
+def test_no_active_span_headers_are_stored_as_given(tracer):
+    """send() takes no part in a trace outside a span; a lone tracestate is the receiver's to discard."""
+    message = outbox.send("probe.ok", {}, headers={"tracestate": "mine=1"})
+    message.refresh_from_db()
+    assert message.headers == {"tracestate": "mine=1"}
 
 
 def test_bad_headers_are_still_refused_by_send(tracer):

@@ -8,6 +8,7 @@ hand concurrent workers disjoint messages. Idempotency keys rest on migration 00
 from __future__ import annotations
 
 import threading
+import uuid
 
 import pytest
 from django.core.checks import Error
@@ -184,6 +185,44 @@ def test_a_rollback_leaves_nothing(mysql, handler):
         outbox.send("ord.x", {"n": 1}, key="gone")
         transaction.set_rollback(True)
     assert Message.objects.count() == 0
+
+
+def test_send_many_refuses_a_too_deep_item_before_it_locks_or_writes_anything(mysql, handler):
+    """MariaDB keeps JSON to 31 levels: send_many() must find the item that nests deeper before it takes
+    any key's lock row or writes a row, not while writing, and say which item it is. Another producer
+    holds one of the batch's keys here: a batch that is refused anyway must not wait for it (nor hold
+    the others' keys meanwhile)."""
+    handler("ord.*", lambda message: None)
+    deep: object = 1
+    for _ in range(store_mysql.JSON_MAX_DEPTH + 1):
+        deep = [deep]
+    a, b = f"held-a-{uuid.uuid4()}", f"held-b-{uuid.uuid4()}"  # lock rows outlive a test's data
+    items = [
+        {"topic": "ord.x", "payload": {}, "key": a},
+        {"topic": "ord.x", "payload": {}, "key": b},
+        {"topic": "ord.x", "payload": deep, "key": b},
+    ]
+    other = connect_raw_mysql()
+    try:
+        cursor = other.cursor()
+        cursor.execute(
+            f"INSERT INTO {store_mysql.KEY_LOCK} (`key`) VALUES (%s) ON DUPLICATE KEY UPDATE `key` = `key`", [b]
+        )  # held until other.rollback()
+        with connection.cursor() as ours:
+            ours.execute("SET SESSION innodb_lock_wait_timeout = 1")  # waiting for it would fail, not hang
+        with transaction.atomic():
+            with pytest.raises(ValueError, match=r"^outbox.send_many\(\): item 2: payload nests .* 32 levels deep"):
+                outbox.send_many(items)
+            with connection.cursor() as ours:
+                ours.execute(f"SELECT count(*) FROM {store_mysql.KEY_LOCK} WHERE `key` IN (%s, %s)", [a, b])
+                assert ours.fetchone() == (0,)  # no lock row of the batch's: it was refused before
+        other.rollback()
+        assert Message.objects.count() == 0
+        assert [m.key for m in outbox.send_many(items[:2])] == [a, b]  # the keys are free
+    finally:
+        other.close()
+        with connection.cursor() as ours:
+            ours.execute("SET SESSION innodb_lock_wait_timeout = DEFAULT")
 
 
 def test_the_server_here_passes_the_checks(mysql):

@@ -25,6 +25,7 @@ from django_outbox import (
     outbox,
 )
 from django_outbox.models import Message
+from django_outbox.retention import housekeeping
 from django_outbox.testing import relay_all
 from testproject.shop.models import Order
 from tests.support.database import connect_raw
@@ -57,6 +58,14 @@ def test_one_insert_writes_every_message_in_order_and_returns_them_as_stored():
         for field in ("uuid", "topic", "key", "payload", "headers", "status", "attempts", "max_attempts"):
             assert getattr(message, field) == getattr(row, field), field
         assert message.created_at == row.created_at and message.available_at == row.available_at
+
+
+def test_ids_follow_the_batch_when_the_idempotency_keys_sort_otherwise():
+    items = [{"topic": "probe.created", "payload": n, "key": "k", "idempotency_key": f"i{9 - n}"} for n in range(10)]
+    sent = outbox.send_many(items)
+    assert [m.payload for m in sent] == list(range(10))
+    assert [m.id for m in sent] == sorted(m.id for m in sent)
+    assert list(Message.objects.order_by("id").values_list("payload", flat=True)) == list(range(10))
 
 
 def test_each_item_takes_sends_arguments():
@@ -333,9 +342,13 @@ def test_sqlite_chunks_are_one_transaction_in_autocommit(small_sqlite_limit: Non
 # --- PostgreSQL: the keys' locks ---------------------------------------------------------------------------
 
 
-def test_the_keys_are_locked_before_any_row_takes_its_id(postgres: None):
+@pytest.mark.parametrize("idempotent", [False, True], ids=["plain", "idempotent"])
+def test_the_keys_are_locked_before_any_row_takes_its_id(postgres: None, idempotent: bool):
+    # with idempotency keys the ids are drawn first, in the batch's order, and the rows written in the
+    # order of their idempotency keys: the locks must still come before the first id
+    extra = lambda n: {"idempotency_key": f"i{-n}"} if idempotent else {}  # noqa: E731
     with CaptureQueriesContext(connection) as queries:
-        outbox.send_many([{"topic": "probe.created", "payload": n, "key": f"k{n}"} for n in range(3)])
+        outbox.send_many([{"topic": "probe.created", "payload": n, "key": f"k{n}", **extra(n)} for n in range(3)])
     (insert,) = inserts(queries)
     with connection.cursor() as cursor:
         cursor.execute("EXPLAIN (VERBOSE, COSTS OFF) " + insert)
@@ -447,6 +460,119 @@ def test_batches_with_overlapping_keys_in_any_order_never_deadlock(postgres: Non
         thread.join(120)
     assert errors == []
     assert Message.objects.count() == 4 * 15 * 8
+
+
+def _blocked(pid: int) -> bool:
+    with connection.cursor() as cursor:
+        cursor.execute("SELECT cardinality(pg_blocking_pids(%s)) > 0", [pid])
+        return bool(cursor.fetchone()[0])
+
+
+def _backend_pid() -> int:
+    with connection.cursor() as cursor:
+        cursor.execute("SELECT pg_backend_pid()")
+        return int(cursor.fetchone()[0])
+
+
+def test_batches_with_overlapping_idempotency_keys_in_opposite_orders_never_deadlock(postgres: None):
+    """Batch A = [i1, gate-a, i2], batch B = [i2, gate-b, i1]. A third transaction holds both gates
+    (uncommitted rows with those idempotency keys), so A has written i1 and B i2 when each stops at its
+    gate. Released, A would wait for B's i2 and B for A's i1: a deadlock PostgreSQL breaks by failing
+    one. Each batch must take its idempotency keys in one fixed order before it writes any row."""
+    gates_held, release = threading.Event(), threading.Event()
+
+    def hold_gates() -> None:
+        with transaction.atomic():
+            outbox.send("probe.created", {}, idempotency_key="gate-a")
+            outbox.send("probe.created", {}, idempotency_key="gate-b")
+            gates_held.set()
+            release.wait(30)
+            transaction.set_rollback(True)
+
+    def item(idempotency_key: str) -> dict[str, Any]:
+        return {"topic": "probe.created", "payload": {"for": idempotency_key}, "idempotency_key": idempotency_key}
+
+    pids: dict[str, int] = {}
+    sent: dict[str, list[Message]] = {}
+    errors: list[BaseException] = []
+
+    def batch(name: str, keys: list[str]) -> None:
+        pids[name] = _backend_pid()
+        try:
+            with transaction.atomic():
+                sent[name] = outbox.send_many([item(k) for k in keys])
+        except DatabaseError as exc:
+            errors.append(exc)
+
+    holder = _in_thread(hold_gates)
+    try:
+        assert gates_held.wait(10)
+        a = _in_thread(functools.partial(batch, "a", ["i1", "gate-a", "i2"]))
+        b = _in_thread(functools.partial(batch, "b", ["i2", "gate-b", "i1"]))
+        wait_for(lambda: len(pids) == 2 and _blocked(pids["a"]) and _blocked(pids["b"]), timeout=20)
+    finally:
+        release.set()
+        holder.join(20)
+    a.join(30)
+    b.join(30)
+    assert not a.is_alive() and not b.is_alive()
+    assert errors == []
+    assert [m.idempotency_key for m in sent["a"]] == ["i1", "gate-a", "i2"]
+    assert {m.idempotency_key: m.id for m in sent["a"]}["i1"] == {m.idempotency_key: m.id for m in sent["b"]}["i1"]
+    assert Message.objects.count() == 4
+
+
+def test_a_holder_archived_mid_batch_does_not_reorder_its_key(postgres: None, settings: Any):
+    """[m1 (key k, idempotency key held by a delivered message H), m2 (key k)]: the INSERT skips m1 (H holds
+    its key) and, here, waits for another transaction's uncommitted row before it writes m2. Housekeeping
+    archives H meanwhile, so when the batch looks H up it is gone and m1 must be written after all. m1
+    must still come before m2 in the key's order (a lower id), as the batch lists them. (The rows are
+    written in the order of their idempotency keys: m1's, "a-held", is looked at before m2's waits.)"""
+    settings.OUTBOX = {**settings.OUTBOX, "RETENTION_MODE": "archive", "ARCHIVE_AFTER": dt.timedelta(seconds=1)}
+    holder = outbox.send("probe.created", {"n": 1}, key="k", idempotency_key="a-held")
+    Message.objects.filter(pk=holder.pk).update(status="delivered", delivered_at=timezone.now())
+    gate_held, release = threading.Event(), threading.Event()
+
+    def hold_gate() -> None:
+        with transaction.atomic():
+            outbox.send("probe.created", {}, idempotency_key="z-gate")
+            gate_held.set()
+            release.wait(30)
+            transaction.set_rollback(True)
+
+    pid: list[int] = []
+    sent: list[Message] = []
+
+    def send_batch() -> None:
+        pid.append(_backend_pid())
+        sent.extend(
+            outbox.send_many(
+                [
+                    {"topic": "probe.created", "payload": {"n": 1}, "key": "k", "idempotency_key": "a-held"},
+                    {"topic": "probe.created", "payload": {"n": 2}, "key": "k", "idempotency_key": "z-gate"},
+                ]
+            )
+        )
+
+    gate = _in_thread(hold_gate)
+    try:
+        assert gate_held.wait(10)
+        batch = _in_thread(send_batch)
+        wait_for(lambda: bool(pid) and _blocked(pid[0]), timeout=20)  # m1 skipped, m2 waiting for the gate
+        report = housekeeping.run("default", now=timezone.now() + dt.timedelta(minutes=1))
+        assert report.archived == 1 and not Message.objects.filter(pk=holder.pk).exists()
+    finally:
+        release.set()
+        gate.join(20)
+    batch.join(30)
+    assert not batch.is_alive()
+    first, second = sent
+    assert first.id != holder.id, "H was archived: m1 is a message of its own"
+    assert first.id < second.id, "m1 took a later id than m2 of the same key"
+    assert list(Message.objects.filter(key="k").order_by("id").values_list("payload", flat=True)) == [
+        {"n": 1},
+        {"n": 2},
+    ]
 
 
 @override_settings(USE_TZ=False)

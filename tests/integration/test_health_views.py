@@ -10,6 +10,7 @@ import urllib.error
 import urllib.request
 
 import pytest
+from django.conf import settings
 from django.contrib.auth.models import User
 from django.test import override_settings
 from django.utils import timezone
@@ -143,6 +144,52 @@ def test_staff_sessions_see_it_other_users_do_not(client):
     user.save()
     client.force_login(User.objects.create_user("ops2", password="pw"))
     assert client.get(HEALTH).status_code == 403
+
+
+@pytest.mark.parametrize("configured", [{}, WITH_TOKEN["OUTBOX"]], ids=["no token", "token"])
+@pytest.mark.parametrize("authorization", ["Basic b3BzOnN0YWdpbmc=", "Negotiate YIIabc", "Bearer", "Digest x"])
+def test_a_staff_session_is_honoured_whatever_authorization_header_a_proxy_adds(client, configured, authorization):
+    """A proxy in front of the site (basic auth on a staging host, say) adds its own header to every
+    request: the operator's session still opens the figures, and anonymous requests still do not."""
+    beat()
+    anonymous = 401 if configured or authorization.startswith("Bearer") else 403  # a token to present, or not
+    with override_settings(OUTBOX=configured):
+        assert client.get(HEALTH, HTTP_AUTHORIZATION=authorization).status_code == anonymous
+        client.force_login(User.objects.create_user("ops", password="pw", is_staff=True))
+        response = client.get(HEALTH, HTTP_AUTHORIZATION=authorization)
+        assert (response.status_code, response.json()["status"]) == (200, "ok")
+        assert client.get(METRICS, HTTP_AUTHORIZATION=authorization).status_code == 200
+
+
+@override_settings(**WITH_TOKEN)
+def test_a_wrong_bearer_token_without_a_session_is_refused_and_a_staff_session_still_opens(client):
+    beat()
+    assert client.get(HEALTH, **bearer("x" * 40)).status_code == 401
+    client.force_login(User.objects.create_user("ops", password="pw"))
+    assert client.get(HEALTH, **bearer("x" * 40)).status_code == 401  # a session, but not staff
+    client.force_login(User.objects.create_user("ops2", password="pw", is_staff=True))
+    assert client.get(HEALTH, **bearer("x" * 40)).status_code == 200
+
+
+@override_settings(**WITH_TOKEN)
+def test_a_staff_session_behind_a_basic_auth_proxy_over_a_real_server(live_server, client):
+    """The session cookie and a proxy's ``Basic`` header, sent over HTTP to a real server."""
+    beat()
+    client.force_login(User.objects.create_user("ops", password="pw", is_staff=True))
+    cookie = f"{settings.SESSION_COOKIE_NAME}={client.cookies[settings.SESSION_COOKIE_NAME].value}"
+
+    def get(headers: dict[str, str]) -> int:
+        request = urllib.request.Request(live_server.url + HEALTH, headers=headers)
+        try:
+            with urllib.request.urlopen(request, timeout=10) as response:
+                return int(response.status)
+        except urllib.error.HTTPError as error:
+            return int(error.code)
+
+    basic = {"Authorization": "Basic b3BzOnN0YWdpbmc="}
+    assert get(basic) == 401
+    assert get({**basic, "Cookie": cookie}) == 200
+    assert get({"Authorization": "Bearer " + "x" * 40}) == 401
 
 
 @override_settings(**WITH_TOKEN)

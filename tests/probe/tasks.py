@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import os
+import threading
 from typing import Any
 
 from django.tasks import TaskContext, task
@@ -101,3 +102,20 @@ def inspect_self(context: TaskContext[Any, Any]) -> dict[str, Any]:
         "worker_ids": seen.worker_ids,
         "finished": seen.finished_at is not None,
     }
+
+
+#: Each call of ``hang_then_return`` per label: its thread, and the gate the test opens to let it return.
+HANGING: dict[str, list[tuple[threading.Thread, threading.Event]]] = {}
+
+
+@task
+def hang_then_return(label: str) -> str | None:
+    """Hangs until the test opens this call's gate; the first call then returns a value, later ones None
+    (one write: a stale value left in the payload would show as the result)."""
+    gate = threading.Event()
+    calls = HANGING.setdefault(label, [])
+    calls.append((threading.current_thread(), gate))
+    first = len(calls) == 1
+    if not gate.wait(120):
+        raise TimeoutError("the test never opened the gate")
+    return "from the abandoned first call" if first else None

@@ -22,18 +22,20 @@ def test_during_the_call_the_message_carries_the_delivery_spans_context(handler)
     exporter = memory_exporter()
     seen: list[dict[str, str]] = []
     handler("spans.*", lambda m: seen.append(dict(m.headers)))
+    own = "00-0af7651916cd43dd8448eb211c80319c-b7ad6b7169203331-01"  # the caller's pair, kept as given
     with trace.get_tracer("tests").start_as_current_span("view") as view:
-        message = outbox.send("spans.one", {}, headers={"tenant": "7", "tracestate": "x=1"})
+        message = outbox.send("spans.one", {}, headers={"tenant": "7", "traceparent": own, "tracestate": "x=1"})
     exporter.clear()
     drain()
     (span,) = exporter.get_finished_spans()
     assert span.name == "process spans.one"
-    assert span.parent is not None and span.parent.span_id == view.get_span_context().span_id
+    assert span.parent is not None and span.parent.span_id == int(own.split("-")[2], 16)
+    assert span.get_span_context().trace_id != view.get_span_context().trace_id
     # The delivery span inherits the sender's tracestate, as W3C trace context asks.
     assert seen == [{"tenant": "7", "tracestate": "x=1", "traceparent": traceparent(span)}]
     message.refresh_from_db()
     assert message.status == "delivered"
-    assert message.headers == {"tenant": "7", "tracestate": "x=1", "traceparent": traceparent(view)}
+    assert message.headers == {"tenant": "7", "traceparent": own, "tracestate": "x=1"}
 
 
 def test_headers_the_tracing_cannot_use_are_left_alone(handler):
