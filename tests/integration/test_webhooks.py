@@ -72,7 +72,7 @@ def test_delivers_signed_request_that_standardwebhooks_verifies(hooks, server):
     # several delivery threads: the two requests may arrive in either order
     by_key = {r.headers["idempotency-key"]: r for r in server.requests}
     assert set(by_key) == {"order-1", str(plain.uuid)}
-    first = by_key["order-1"]
+    first, second = by_key["order-1"], by_key[str(plain.uuid)]
     assert first.path == "/hook"
     assert first.headers["content-type"] == "application/json"
     keyed.refresh_from_db()
