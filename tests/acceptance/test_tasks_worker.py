@@ -16,7 +16,8 @@ from tests.probe import tasks as t
 from tests.probe.models import Delivery
 from tests.support.waiting import wait_for
 
-pytestmark = pytest.mark.django_db(transaction=True)
+# databases: the worker process checks every alias (Django 6 asks each MariaDB server), so "other" must exist
+pytestmark = pytest.mark.django_db(transaction=True, databases=["default", "other"])
 
 
 def test_a_worker_process_runs_one_queue_and_each_task_once(worker_process):
