@@ -638,7 +638,7 @@ def latency_neighbour(ctx: Context) -> Json:
     )
     reps: list[Json] = []
 
-    def phase(busy: bool) -> Json:
+    def phase(busy: bool, *, flush: bool = True) -> Json:
         neighbour = None
         if busy:
             neighbour = procs.Proc([sys.executable, str(procs.ROOT / "bench" / "neighbour.py"), neighbour_dsn(ctx)])
@@ -647,9 +647,13 @@ def latency_neighbour(ctx: Context) -> Json:
         try:
             arrived.clear()
             committed: dict[str, tuple[float, str]] = {}
+            returned: dict[str, float] = {}  # when COMMIT returned: the commit's own time is the difference
             for i in range(ctx.sizes.latency_messages):
                 kind = LATENCY_KINDS[i % len(LATENCY_KINDS)]
                 with transaction.atomic():
+                    if not flush:  # this transaction only: COMMIT returns (and NOTIFY goes) before the WAL flush
+                        with connection.cursor() as cursor:
+                            cursor.execute("SET LOCAL synchronous_commit = off")
                     if kind == "minimal":  # the reference: one row into the minimal table, one NOTIFY
                         with connection.cursor() as cursor:
                             cursor.execute(INSERT_ONE + " RETURNING id", [json.dumps({"n": i})])
@@ -664,6 +668,7 @@ def latency_neighbour(ctx: Context) -> Json:
                         )
                         row_id = str(message.id)
                     committed[row_id] = (time.time(), kind)  # before COMMIT: the figure includes it
+                returned[row_id] = time.time()
                 time.sleep(random.uniform(*GAP))
             deadline = time.monotonic() + 15
             while len(arrived) < len(committed) and time.monotonic() < deadline:
@@ -678,6 +683,16 @@ def latency_neighbour(ctx: Context) -> Json:
         for kind in LATENCY_KINDS:
             ms = [(arrived[k] - at) * 1000 for k, (at, sent) in committed.items() if sent == kind and k in arrived]
             result[kind] = {"p50_ms": percentile(ms, 50), "p99_ms": percentile(ms, 99), "max_ms": max(ms, default=0)}
+            # The split: COMMIT's own round trip (the WAL flush), then from its return to the handler (the
+            # wake-up: NOTIFY, listener, claim). A handler can start before COMMIT returns to the sender.
+            commit = [(returned[k] - at) * 1000 for k, (at, sent) in committed.items() if sent == kind]
+            after = [
+                (arrived[k] - returned[k]) * 1000 for k, (_, sent) in committed.items() if sent == kind and k in arrived
+            ]
+            result[kind]["commit_p50_ms"] = percentile(commit, 50)
+            result[kind]["commit_p99_ms"] = percentile(commit, 99)
+            result[kind]["after_commit_p50_ms"] = percentile(after, 50)
+            result[kind]["after_commit_p99_ms"] = percentile(after, 99)
         return result
 
     try:
@@ -688,13 +703,16 @@ def latency_neighbour(ctx: Context) -> Json:
             rep: Json = {}
             for busy in [False, True] if first else [True, False]:
                 rep["busy" if busy else "idle"] = phase(busy)
+            # The same idle phase with the senders' commits not waiting for the disk: what is left is the
+            # wake-up path alone, for the outbox and the minimal relay alike (design against machine).
+            rep["idle_async"] = phase(False, flush=False)
             reps.append(rep)
             ctx.log(
                 "  latency: "
                 + "; ".join(
                     f"{p} {k} p50 {rep[p][k]['p50_ms']:.1f} p99 {rep[p][k]['p99_ms']:.1f}"
-                    for p in ("idle", "busy")
-                    for k in ("unkeyed", "keyed")
+                    for p in ("idle", "busy", "idle_async")
+                    for k in ("unkeyed", "keyed", "minimal")
                 )
             )
     finally:
@@ -704,10 +722,10 @@ def latency_neighbour(ctx: Context) -> Json:
         listener.join()
         receiver.close()
     out: Json = {"messages_per_phase": ctx.sizes.latency_messages, "reps": reps}
-    for p in ("idle", "busy"):
+    for p in ("idle", "busy", "idle_async"):
         fig: Json = {"lost": sum(r[p]["lost"] for r in reps)}
         for k in LATENCY_KINDS:
-            fig[k] = {q: median([r[p][k][q] for r in reps]) for q in ("p50_ms", "p99_ms", "max_ms")}
+            fig[k] = {q: median([r[p][k][q] for r in reps]) for q in LATENCY_FIGURES}
         fig["unkeyed_p50_to_minimal"] = median(
             [_safe_ratio(r[p]["unkeyed"]["p50_ms"], r[p]["minimal"]["p50_ms"]) for r in reps]
         )
@@ -724,6 +742,16 @@ def latency_neighbour(ctx: Context) -> Json:
 
 #: The latency figure's messages, in turn: the outbox's keyed and unkeyed, and the minimal relay's rows.
 LATENCY_KINDS = ("keyed", "unkeyed", "minimal")
+#: Per kind and phase: commit to handler, then its split (COMMIT's own time, and from its return on).
+LATENCY_FIGURES = (
+    "p50_ms",
+    "p99_ms",
+    "max_ms",
+    "commit_p50_ms",
+    "commit_p99_ms",
+    "after_commit_p50_ms",
+    "after_commit_p99_ms",
+)
 
 
 def _safe_ratio(value: float, reference: float) -> float:

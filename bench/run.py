@@ -218,7 +218,10 @@ def render(results: dict[str, Any]) -> str:
                 )
     if "latency_neighbour" in f:
         lat = f["latency_neighbour"]
-        for phase, label in (("idle", "no bench neighbour"), ("busy", "busy neighbour database")):
+        phases = [("idle", "no bench neighbour"), ("busy", "busy neighbour database")]
+        if "idle_async" in lat:  # runs before the split lack it
+            phases.append(("idle_async", "no bench neighbour, sender's COMMIT not waiting for the disk"))
+        for phase, label in phases:
             p = lat[phase]
             for kind in ("unkeyed", "keyed"):
                 k = p[kind]
@@ -248,6 +251,20 @@ def render(results: dict[str, Any]) -> str:
                         target,
                     )
                 )
+                if kind == "unkeyed" and "commit_p50_ms" in k and "minimal" in p:
+                    m = p["minimal"]
+                    rows.append(
+                        (
+                            f"c. split, unkeyed, {label}: COMMIT itself / COMMIT's return to handler",
+                            f"p50 {k['commit_p50_ms']:.1f} / {k['after_commit_p50_ms']:.1f} ms"
+                            f" (p99 {k['commit_p99_ms']:.1f} / {k['after_commit_p99_ms']:.1f})",
+                            f"p50 {m['commit_p50_ms']:.1f} / {m['after_commit_p50_ms']:.1f} ms"
+                            f" (p99 {m['commit_p99_ms']:.1f} / {m['after_commit_p99_ms']:.1f})",
+                            "",
+                            "",
+                            "",
+                        )
+                    )
     if "latency_sqlite" in f:
         lat = f["latency_sqlite"]
         rows.append(

@@ -6,7 +6,9 @@ import datetime as dt
 import decimal
 import json
 import math
+import os
 import re
+import time
 import uuid
 from collections.abc import Callable, Iterable, Mapping
 from typing import TYPE_CHECKING, Any, TypeVar
@@ -53,6 +55,27 @@ _HEADER_NAME = re.compile(r"[^\x00-\x20\x7f:]+")
 #: What no header value may hold: a line break would inject headers on text protocols (NATS), NUL is
 #: unstorable.
 _HEADER_VALUE_BREAK = re.compile(r"[\r\n\x00]")
+
+
+def new_uuid() -> uuid.UUID:
+    """A message's uuid: version 7 (RFC 9562), the time in milliseconds then 74 random bits.
+
+    Unique as a random one is (74 random bits per millisecond), but it sorts by time, so each new
+    message's entry lands at the right edge of the uuid's unique index, beside the previous one. A
+    random (version 4) uuid wrote into a random leaf of that index: on a table of 200,000 messages,
+    whose index no longer fits in the pages written since the last checkpoint, nearly every ``send()``
+    wrote a full-page image of its leaf into the WAL (6 KB per one-row commit against 0.7 KB),
+    and a batch of 100 touched 100 leaves (docs/performance.md).
+    """
+    rand = int.from_bytes(os.urandom(10), "big")
+    value = (time.time_ns() // 1_000_000 & _MS_MASK) << 80 | (rand >> 62 & 0xFFF) << 64 | rand & _RAND_B_MASK
+    return uuid.UUID(int=value | _VERSION_7_BITS)
+
+
+_MS_MASK = (1 << 48) - 1
+_RAND_B_MASK = (1 << 62) - 1
+#: The version nibble (7) and the RFC 9562 variant bits (0b10).
+_VERSION_7_BITS = 0x7 << 76 | 0b10 << 62
 
 
 def _check_name(what: str, value: object, max_length: int, *, optional: bool) -> str | None:
@@ -328,7 +351,7 @@ def _prepare(
     assert topic is not None  # _check_name() returns a string for a required name
     sending_transport(topic)
     return store.NewMessage(
-        uuid=uuid.uuid4(),
+        uuid=new_uuid(),
         topic=topic,
         key=key,
         payload_json=payload_json,

@@ -3,6 +3,7 @@ from __future__ import annotations
 import contextlib
 import datetime as dt
 import decimal
+import time
 import uuid
 import zoneinfo
 
@@ -295,3 +296,16 @@ def test_init_signal_listeners_still_see_every_message_the_outbox_builds(handler
         else:
             assert seen == [("pre", Message), ("pre", Message)]
         Message.objects.filter(pk=sent.pk).delete()
+
+
+def test_message_uuids_are_version_7_and_sort_by_time():
+    """Time-ordered uuids (RFC 9562 version 7) put each new entry of the uuid index beside the last one."""
+    first = outbox.send("probe.created", {"n": 1})
+    batch = outbox.send_many([{"topic": "probe.created", "payload": {"n": n}} for n in range(3)])
+    time.sleep(0.002)
+    later = outbox.send("probe.created", {"n": 2})
+    for message in [first, *batch, later]:
+        assert message.uuid.version == 7 and message.uuid.variant == uuid.RFC_4122
+    assert first.uuid.int >> 80 <= batch[0].uuid.int >> 80 < later.uuid.int >> 80
+    assert abs((first.uuid.int >> 80) - first.created_at.timestamp() * 1000) < 60_000
+    assert len({m.uuid for m in [first, *batch, later]}) == 5

@@ -339,6 +339,47 @@ def test_sqlite_chunks_are_one_transaction_in_autocommit(small_sqlite_limit: Non
     assert Message.objects.count() == 1, "the first three chunks were taken back"
 
 
+# --- PostgreSQL: a batch larger than one document --------------------------------------------------------
+
+
+@pytest.fixture
+def small_pg_document(postgres: None, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The size one statement's document may reach, lowered from 64 MiB so a batch of 7 needs several."""
+    from django_outbox.store import producing
+
+    monkeypatch.setattr(producing, "_PG_DOCUMENT_BYTES", 2 * (512 + 300))
+
+
+def test_postgres_writes_a_batch_larger_than_one_document_in_several_statements(small_pg_document: None):
+    items = [{"topic": "probe.created", "payload": {"n": n, "pad": "x" * 200}, "key": "K"} for n in range(7)]
+    with CaptureQueriesContext(connection) as queries:
+        sent = outbox.send_many(items)
+    assert len(inserts(queries)) == 4
+    assert [m.payload["n"] for m in sent] == list(range(7))
+    stored = Message.objects.order_by("id")
+    assert [m.payload["n"] for m in stored] == list(range(7)), "ids in the batch's order across statements"
+    assert [m.uuid for m in stored] == [m.uuid for m in sent]
+
+
+def test_postgres_statements_of_one_batch_are_one_transaction_in_autocommit(small_pg_document: None):
+    outbox.send("probe.created", {"n": 1}, idempotency_key="once")
+    items: list[dict[str, Any]] = [{"topic": "probe.created", "payload": {"n": n, "pad": "x" * 200}} for n in range(6)]
+    items.append({"topic": "probe.created", "payload": {"n": 2}, "idempotency_key": "once"})  # the last statement
+    with pytest.raises(IdempotencyConflictError):
+        outbox.send_many(items)
+    assert Message.objects.count() == 1, "the earlier statements were taken back"
+
+
+def test_json_null_and_scalar_payloads_are_stored_as_json(postgres: None):
+    payloads: list[Any] = [None, "text", 3, 2.5, True, [], {}, [None], {"a": None}]
+    sent = outbox.send_many([{"topic": "probe.created", "payload": p} for p in payloads])
+    assert [m.payload for m in sent] == payloads
+    with connection.cursor() as cursor:
+        cursor.execute("SELECT jsonb_typeof(payload) FROM django_outbox_message ORDER BY id")
+        kinds = [row[0] for row in cursor.fetchall()]
+    assert kinds == ["null", "string", "number", "number", "boolean", "array", "object", "array", "object"]
+
+
 # --- PostgreSQL: the keys' locks ---------------------------------------------------------------------------
 
 
