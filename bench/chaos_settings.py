@@ -1,6 +1,7 @@
 """Settings of the chaos run's producers and workers: the test settings (probe app), the chaos consumer
 app (bench/chaos_consumer: the inbox consumer and its business tables) and, when ``CHAOS_REDIS_URL`` is
-set, a Redis Streams transport for the ``chaos.broker`` topic.
+set, a Redis Streams transport for the ``chaos.broker`` topic (a Kafka transport when
+``CHAOS_KAFKA_BOOTSTRAP`` is set instead).
 
 The runner (bench/chaos.py) points ``DATABASE_URL`` at its private PostgreSQL cluster, or at a SQLite
 file of its own with ``--database sqlite``.
@@ -29,6 +30,16 @@ if os.environ.get("CHAOS_REDIS_URL"):
         "broker": {
             "BACKEND": "django_outbox.transports.redis.RedisStreamsTransport",
             "OPTIONS": {"URL": os.environ["CHAOS_REDIS_URL"], "STREAM": os.environ["CHAOS_STREAM"]},
+        }
+    }
+    OUTBOX["ROUTES"] = {"chaos.broker": "broker"}
+elif os.environ.get("CHAOS_KAFKA_BOOTSTRAP"):
+    OUTBOX["TRANSPORTS"] = {
+        "broker": {
+            "BACKEND": "django_outbox.transports.kafka.KafkaTransport",
+            # HANDLER_TIMEOUT_SECONDS (2 s, above) bounds each batch first: one caught by the broker's restart
+            # is abandoned and retried, its late reports explained by the "timed out" attempt
+            "OPTIONS": {"BOOTSTRAP_SERVERS": os.environ["CHAOS_KAFKA_BOOTSTRAP"], "DELIVERY_TIMEOUT": 5.0},
         }
     }
     OUTBOX["ROUTES"] = {"chaos.broker": "broker"}

@@ -312,20 +312,7 @@ class KafkaTransport(BrokerTransport):
         key = message.key.encode() if message.key is not None else None
 
         def report(err: KafkaError | None, record: Any) -> None:
-            if err is not None:
-                results[index] = self._explain(err, topic)
-            elif record.offset() is None or record.offset() < 0:
-                # A success without an offset: librdkafka took a "duplicate sequence" answer as proof the record
-                # was written before. A broker that lost its producer state (seen when one restarts empty)
-                # answers so for records it never stored, so the outbox retries: at worst a duplicate, which
-                # the failed attempt explains, never a loss.
-                results[index] = TransientDeliveryError(
-                    f"Kafka acknowledged the record for topic {topic!r} without an offset (a duplicate-sequence "
-                    "answer), which does not prove it is stored; it will be produced again"
-                )
-                self._doubtful = True
-            else:
-                results[index] = None
+            results[index] = self._outcome(err, record, topic)
 
         while True:
             try:
@@ -339,6 +326,23 @@ class KafkaTransport(BrokerTransport):
             except KafkaException as exc:
                 return self._explain(exc.args[0], topic)
             return _WAITING
+
+    def _outcome(self, err: KafkaError | None, record: Any, topic: str) -> BaseException | None:
+        """What one delivery report means for its message: None (delivered) or the attempt's error."""
+        if err is not None:
+            return self._explain(err, topic)
+        offset = record.offset()
+        if offset is None or offset < 0:
+            # A success without an offset: librdkafka took a "duplicate sequence" answer as proof the record
+            # was written before. A broker that lost its producer state (seen when one restarts empty)
+            # answers so for records it never stored, so the outbox retries: at worst a duplicate, which
+            # the failed attempt explains, never a loss. The session is suspect: the next batch starts anew.
+            self._doubtful = True
+            return TransientDeliveryError(
+                f"Kafka acknowledged the record for topic {topic!r} without an offset (a duplicate-sequence "
+                "answer), which does not prove it is stored; it will be produced again"
+            )
+        return None
 
     def _explain(self, err: KafkaError, topic: str) -> BaseException:
         code = err.code()
