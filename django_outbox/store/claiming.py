@@ -130,10 +130,19 @@ def _claim_text(pg: bool, topic_sql: str, blocking: tuple[str, ...]) -> str:
     indexes' predicates can be matched against in any plan.
     """
     pending, processing = literal(PENDING), literal(PROCESSING)
-    head = (
-        f"NOT EXISTS (SELECT 1 FROM {MESSAGE} AS b WHERE b.key = c.key AND b.id < c.id"
-        f" AND b.key IS NOT NULL AND b.status IN ({', '.join(map(literal, blocking))}))"
-    )
+    open_ = f"b.key IS NOT NULL AND b.status IN ({', '.join(map(literal, blocking))})"
+    if pg:
+        # The key's head read off the index of open keyed rows: its first entry at or after (key, -1). The
+        # ORDER BY has no column equal to the outer row's, so only that index returns rows in this order;
+        # a NOT EXISTS probe (b.key = c.key AND b.id < c.id) let the planner walk the primary key instead,
+        # through every finished row before the head, whenever the table had few distinct keys: each
+        # claim then read the whole table once per key (10 msg/s for 3,000 messages on five keys).
+        head = (
+            f"c.id = (SELECT b.id FROM {MESSAGE} AS b WHERE (b.key, b.id) > (c.key, -1) AND {open_}"
+            " ORDER BY b.key, b.id LIMIT 1)"
+        )
+    else:
+        head = f"NOT EXISTS (SELECT 1 FROM {MESSAGE} AS b WHERE b.key = c.key AND b.id < c.id AND {open_})"
     if not pg:
         set_lease = f"status = {processing}, locked_by = %s, locked_until = %s"
         return (
