@@ -78,6 +78,8 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
 SETTINGS = "bench.chaos_settings"
+DEFAULT_PORT = 55432  # the private PostgreSQL's (or the next free)
+DEFAULT_MARIADB_PORT = 53306  # the private MariaDB's
 REDIS_URL = "redis://127.0.0.1:6379/0"  # the stream consumer and the audit read Redis directly, not through the proxy
 KEY_PREFIX = "chaos-"
 TOPIC = "chaos.consumer"  # bench/chaos_consumer/outbox.py: the inbox consumer
@@ -142,6 +144,8 @@ def _pg_bindir() -> Path:
 class PrivateCluster:
     """A throw-away PostgreSQL server for one run; never the shared one on 5432."""
 
+    name = "PostgreSQL"
+
     def __init__(self, port: int) -> None:
         self.bindir = _pg_bindir()
         self.dir = Path(tempfile.mkdtemp(prefix="outbox-chaos-pg-"))
@@ -182,6 +186,105 @@ class PrivateCluster:
         if self.started:
             with contextlib.suppress(Exception):
                 self._run("pg_ctl", "-D", str(self.data), "-m", "immediate", "-w", "stop", timeout=60)
+        shutil.rmtree(self.dir, ignore_errors=True)
+
+
+class PrivateMariaDB:
+    """A throw-away MariaDB server for one run (``mariadb-install-db`` in a temporary directory, its own
+    port and socket); never the shared one on 3306. Restarted like a crash: SIGKILL, then InnoDB recovery.
+
+    No grant tables (the server listens on 127.0.0.1 only, for this run's processes), and commits reach
+    the operating system at once but the disk once a second (``innodb_flush_log_at_trx_commit=2``), as
+    the private PostgreSQL runs with ``fsync=off``: the faults kill processes, never the machine.
+    """
+
+    name = "MariaDB"
+
+    def __init__(self, port: int) -> None:
+        self.server = shutil.which("mariadbd") or "/usr/sbin/mariadbd"
+        self.install = shutil.which("mariadb-install-db") or "/usr/bin/mariadb-install-db"
+        if not (Path(self.server).exists() and Path(self.install).exists()):
+            sys.exit("chaos: mariadbd and mariadb-install-db not found; install the MariaDB server package")
+        self.dir = Path(tempfile.mkdtemp(prefix="outbox-chaos-mariadb-"))
+        self.data = self.dir / "data"
+        self.logfile = self.dir / "mariadb.log"
+        self.socket = self.dir / "mariadb.sock"
+        self.port = _free_port(port)
+        self.proc: subprocess.Popen[bytes] | None = None
+
+    @property
+    def url(self) -> str:
+        return f"mysql://root@127.0.0.1:{self.port}/chaos"
+
+    def start(self) -> None:
+        result = subprocess.run(
+            [
+                self.install,
+                "--no-defaults",
+                f"--datadir={self.data}",
+                "--user=root",
+                "--auth-root-authentication-method=normal",
+                "--skip-test-db",
+                "--skip-name-resolve",
+            ],
+            capture_output=True,
+            text=True,
+            timeout=180,
+        )
+        if result.returncode != 0:
+            raise RuntimeError(f"mariadb-install-db failed: {result.stdout}{result.stderr}")
+        self._launch()
+        import MySQLdb
+
+        with contextlib.closing(MySQLdb.connect(host="127.0.0.1", port=self.port, user="root")) as conn:
+            conn.cursor().execute("CREATE DATABASE chaos CHARACTER SET utf8mb4 COLLATE utf8mb4_unicode_ci")
+
+    def _launch(self) -> None:
+        with open(self.logfile, "ab") as logfile:
+            self.proc = subprocess.Popen(
+                [
+                    self.server,
+                    "--no-defaults",
+                    f"--datadir={self.data}",
+                    f"--socket={self.socket}",
+                    f"--pid-file={self.dir / 'mariadb.pid'}",
+                    f"--port={self.port}",
+                    "--bind-address=127.0.0.1",
+                    "--user=root",
+                    "--skip-grant-tables",
+                    "--skip-name-resolve",
+                    "--skip-log-bin",
+                    "--max-connections=300",
+                    "--innodb-flush-log-at-trx-commit=2",
+                    "--innodb-buffer-pool-size=128M",
+                    "--character-set-server=utf8mb4",
+                    "--collation-server=utf8mb4_unicode_ci",
+                ],
+                stdout=logfile,
+                stderr=subprocess.STDOUT,
+            )
+        deadline = time.monotonic() + 120
+        while time.monotonic() < deadline:
+            if self.proc.poll() is not None:
+                raise RuntimeError(f"mariadbd exited ({self.proc.returncode}): {self.logfile.read_text()[-2000:]}")
+            with socket.socket() as sock:
+                if sock.connect_ex(("127.0.0.1", self.port)) == 0:
+                    return
+            time.sleep(0.1)
+        raise RuntimeError(f"mariadbd did not accept connections in 120 s: {self.logfile.read_text()[-2000:]}")
+
+    def restart(self) -> None:
+        """Like a crash: SIGKILL (every connection drops at once), then a start that recovers from the redo log."""
+        assert self.proc is not None
+        self.proc.kill()
+        self.proc.wait(60)
+        self._launch()
+
+    def remove(self) -> None:
+        if self.proc is not None and self.proc.poll() is None:
+            self.proc.kill()
+            with contextlib.suppress(Exception):
+                self.proc.wait(60)
         shutil.rmtree(self.dir, ignore_errors=True)
 
 
@@ -276,7 +379,7 @@ def produce(producer: int, count: int, duration: float, broker_share: float, out
 @dataclass
 class Run:
     args: argparse.Namespace
-    cluster: PrivateCluster | None  # None on SQLite
+    cluster: PrivateCluster | PrivateMariaDB | None  # None on SQLite
     workdir: Path
     env: dict[str, str]
     pooler: Any = None  # a tests.support.pgbouncer.PgBouncer in front of the cluster, with --pooler
@@ -498,17 +601,21 @@ def start_pooler(mode: str, cluster: PrivateCluster) -> Any:
 
 def chaos(args: argparse.Namespace) -> int:
     started = time.monotonic()
-    cluster = PrivateCluster(args.port) if args.database == "postgresql" else None
+    cluster: PrivateCluster | PrivateMariaDB | None = None
+    if args.database == "postgresql":
+        cluster = PrivateCluster(args.port)
+    elif args.database == "mariadb":
+        cluster = PrivateMariaDB(args.port if args.port != DEFAULT_PORT else DEFAULT_MARIADB_PORT)
     workdir = Path(tempfile.mkdtemp(prefix="outbox-chaos-run-"))
     pooler = None
     failed = True
     try:
         listen_url = None
         if cluster is not None:
-            log(f"private PostgreSQL in {cluster.dir} on port {cluster.port}")
+            log(f"private {cluster.name} in {cluster.dir} on port {cluster.port}")
             cluster.start()
             url = direct_url = cluster.url
-            if args.pooler:
+            if args.pooler and isinstance(cluster, PrivateCluster):
                 pooler = start_pooler(args.pooler, cluster)
                 url = pooler.url("postgres")
                 listen_url = direct_url if args.pooler == "transaction" else None
@@ -633,13 +740,14 @@ def _drive(run: Run, proxy: Any, started: float) -> int:
     log(f"{args.producers} producers sending {args.messages} messages over {args.duration:g}s; {args.workers} workers")
     if args.consumer_without_inbox:
         log("the consumer applies effects WITHOUT the inbox: this run must report effects applied twice")
-    restart_at = started + args.duration * 0.4 if run.cluster is not None else None
     outage_at = started + args.duration * 0.6 if proxy else None
     broker_restart_at = started + args.duration * 0.6 if run.tansu is not None else None
     outage_until = None
     # The pooler's faults, away from the server's restart (0.4) and the broker's outage (0.6), counted from
     # the producers' start (not the cluster's), so they strike mid-drain however long the setup took.
     sending = time.monotonic()
+    # The server's restart too: a private MariaDB takes longer to set up than 0.4 of a quick run's duration.
+    restart_at = sending + args.duration * 0.4 if run.cluster is not None else None
     pooler_restart_at = sending + args.duration * 0.25 if run.pooler is not None else None
     pause_at = sending + args.duration * 0.75 if run.pooler is not None else None
     pause: PoolerPause | None = None
@@ -657,12 +765,13 @@ def _drive(run: Run, proxy: Any, started: float) -> int:
             run.kill_random_worker()
             next_kill = now + random.uniform(*args.kill_every)
         if run.cluster is not None and restart_at is not None and now >= restart_at:
-            log("restarting PostgreSQL (immediate: every connection drops)")
+            how = "immediate" if isinstance(run.cluster, PrivateCluster) else "SIGKILL"
+            log(f"restarting {run.cluster.name} ({how}: every connection drops)")
             t0 = time.monotonic()
             run.cluster.restart()
             run.db_restarts += 1
             restart_at = None
-            log(f"PostgreSQL back after {time.monotonic() - t0:.1f}s")
+            log(f"{run.cluster.name} back after {time.monotonic() - t0:.1f}s")
         if outage_at is not None and now >= outage_at:
             log("cutting the broker connection for 10s")
             proxy.down()
@@ -788,7 +897,6 @@ def _faults_struck(run: Run) -> collections.Counter[str]:
 
 
 def report(run: Run, wall: float) -> int:
-    from django.db import connection
 
     from django_outbox.models import Attempt, Message
     from tests.probe.models import Delivery
@@ -904,7 +1012,7 @@ def report(run: Run, wall: float) -> int:
     abandoned = sum(1 for log_of in attempts.values() for v in log_of.values() for o, _ in v if o == "abandoned")
 
     figures = {
-        "database": connection.vendor,
+        "database": run.args.database,
         "consumer": "without the inbox (must fail)" if run.args.consumer_without_inbox else "inbox.receive()",
         "sent (committed)": len(committed),
         "delivered": status_counts["delivered"],
@@ -936,7 +1044,7 @@ def report(run: Run, wall: float) -> int:
         "worker restarts": run.restarts + run.exited,
         "workers that exited on their own (consumer kills)": run.exited,
         "stream consumers that exited on their own (consumer kills)": run.consumers_exited,
-        "PostgreSQL restarts": run.db_restarts,
+        f"{run.cluster.name if run.cluster is not None else 'database server'} restarts": run.db_restarts,
         "broker outages (10 s)": run.broker_outages,
         "Kafka broker restarts (SIGKILL, empty, same port)": run.broker_restarts,
         "workers frozen around the Kafka restart": f"{run.frozen_for:.1f} s",
@@ -1024,12 +1132,17 @@ def main() -> None:
         choices=["redis", "kafka"],
         help="also relay a quarter of the messages to Redis Streams (cut for 10 s) or Kafka (killed and restarted)",
     )
-    parser.add_argument("--port", type=int, default=55432, help="port of the private PostgreSQL (or the next free)")
+    parser.add_argument(
+        "--port",
+        type=int,
+        default=DEFAULT_PORT,
+        help=f"port of the private server, or the next free ({DEFAULT_PORT}; MariaDB: {DEFAULT_MARIADB_PORT})",
+    )
     parser.add_argument(
         "--database",
-        choices=["postgresql", "sqlite"],
+        choices=["postgresql", "mariadb", "sqlite"],
         default="postgresql",
-        help="a private PostgreSQL cluster (default), or a SQLite file of the run's own",
+        help="a private PostgreSQL cluster (default), a private MariaDB server, or a SQLite file of the run's own",
     )
     parser.add_argument(
         "--consumer-without-inbox",
@@ -1074,7 +1187,7 @@ def main() -> None:
     try:
         code = chaos(args)
     except KeyboardInterrupt:
-        log("interrupted: workers, producers and the private PostgreSQL were stopped and removed")
+        log("interrupted: workers, producers and the private database server were stopped and removed")
         code = 130
     sys.exit(code)
 

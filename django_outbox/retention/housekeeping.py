@@ -13,7 +13,9 @@ with ``SKIP LOCKED``), so housekeeping never holds a long lock and never compete
 
 Whatever the mode, the archive forgets what is older than ``RETENTION``: an archive left by an earlier
 archive mode is emptied on schedule after a switch to delete mode. Worker rows (heartbeats) not seen for
-``WORKER_ROWS_KEPT_FOR`` or ``RETENTION``, whichever is longer, are deleted too.
+``WORKER_ROWS_KEPT_FOR`` or ``RETENTION``, whichever is longer, are deleted too. On MariaDB/MySQL the
+per-key lock rows a keyed ``send()`` leaves behind are deleted once their key has no open message
+(``store.mysql.prune_key_locks``: without it the table keeps one row per key ever sent).
 
 Dead messages are never touched: they stay until an operator retries or cancels them. On PostgreSQL one
 process at a time does the work: every unit of work (a batch, a partition's DDL, the worker-row prune) is
@@ -37,6 +39,7 @@ from django.db.backends.base.base import BaseDatabaseWrapper
 from django.utils import timezone
 
 from ..conf import get_settings
+from ..store import mysql
 from ..store.db import (  # the archive's table names are part of this module's interface too
     ARCHIVED_ATTEMPT as ARCHIVED_ATTEMPT,
 )
@@ -97,6 +100,7 @@ class Report:
     partitions_created: list[str] = field(default_factory=list)
     partitions_dropped: list[str] = field(default_factory=list)
     workers_pruned: int = 0  # heartbeat rows of long-gone workers
+    key_locks_pruned: int = 0  # MariaDB/MySQL: lock rows of keys with no open message
     finished: bool = True  # False when the time budget ran out with work left
 
     def __str__(self) -> str:
@@ -111,6 +115,8 @@ class Report:
             parts.append(f"dropped partitions {', '.join(self.partitions_dropped)}")
         if self.workers_pruned:
             parts.append(f"pruned {self.workers_pruned} worker rows")
+        if self.key_locks_pruned:
+            parts.append(f"pruned {self.key_locks_pruned} key lock rows")
         if not self.finished:
             parts.append("(time budget used up; more next round)")
         return ", ".join(parts)
@@ -131,7 +137,7 @@ def run(
         # Busy at the first unit: another process does this round. Later: it has taken over (ours paused
         # between two units), and goes on from where we stopped.
         done = (report.archived, report.deleted, report.archive_deleted, report.partitions_created)
-        if any(done) or report.partitions_dropped or report.workers_pruned:
+        if any(done) or report.partitions_dropped or report.workers_pruned or report.key_locks_pruned:
             report.finished = False
         else:
             report.skipped = True
@@ -167,6 +173,21 @@ def _run(conn: BaseDatabaseWrapper, now: dt.datetime, batch_size: int, deadline:
     else:
         _prune_archive(conn, retention_cutoff, batch_size, deadline, report)
     report.workers_pruned = _prune_workers(conn, now - max(conf.RETENTION, WORKER_ROWS_KEPT_FOR))
+    if is_mysql(conn) and not _prune_key_locks(conn, batch_size, deadline, report):
+        report.finished = False
+
+
+def _prune_key_locks(conn: BaseDatabaseWrapper, batch_size: int, deadline: float | None, report: Report) -> bool:
+    """MariaDB/MySQL: ``send()`` leaves one row per key in ``django_outbox_key_lock`` (store.mysql); the
+    rows of keys with no open message go, batch by batch, in key order. Returns whether the walk ended."""
+    after: str | None = None
+    while True:
+        deleted, after = mysql.prune_key_locks(conn, after=after, limit=batch_size)
+        report.key_locks_pruned += deleted
+        if after is None:
+            return True
+        if deadline is not None and time.monotonic() > deadline:
+            return False
 
 
 def _first_kept_day(now: dt.datetime) -> dt.date:

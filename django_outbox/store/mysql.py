@@ -28,7 +28,7 @@ from django.db import IntegrityError, transaction
 from django.db.backends.base.base import BaseDatabaseWrapper
 from django.utils import timezone
 
-from .db import MESSAGE, MYSQL_NOW, PENDING, PROCESSING, decision_now, literal, mysql_server_clock, prep_dt
+from .db import DEAD, MESSAGE, MYSQL_NOW, PENDING, PROCESSING, decision_now, literal, mysql_server_clock, prep_dt
 from .models import Message
 from .rows import COLUMN_NAMES, to_messages
 
@@ -313,3 +313,64 @@ def server_facts(conn: BaseDatabaseWrapper) -> dict[str, Any]:
         "indexes": indexes,
         "key_lock": key_lock,
     }
+
+
+#: The statuses that keep a key's lock row (``outbox_msg_key_open_idx``'s): a message still to deliver,
+#: being delivered, or dead and holding its key back.
+OPEN_STATUSES = (PENDING, PROCESSING, DEAD)
+
+
+def prune_key_locks(conn: BaseDatabaseWrapper, *, after: str | None, limit: int) -> tuple[int, str | None]:
+    """Delete up to ``limit`` lock rows (keys past ``after``, in key order) whose key has no open message.
+
+    Returns how many were deleted and the last key looked at (None when the table's end was reached).
+    A lock row exists only to serialise producers of one key; deleting one never weakens that (a producer
+    finding no row inserts it, and two such producers serialise on the primary key's entry, as on the
+    row). What must not happen is housekeeping waiting on a producer, or a producer on housekeeping for
+    longer than a few statements. So: candidates are read without locks; then, in one short transaction,
+    the candidates are locked with ``SKIP LOCKED`` (a row a producer holds, whose message is not committed
+    yet, is skipped, never waited for), checked again under that lock (a message committed since the
+    first read keeps its key: no producer can be inside ``send()`` for a key whose row this transaction
+    holds, so what the check reads is the whole truth), and deleted. A producer that comes to a row while
+    it is locked here waits for this transaction's few statements, then inserts the row afresh. This
+    transaction takes each lock in one statement and then waits for nothing, so it can be in no deadlock.
+    """
+    statuses = ", ".join(map(literal, OPEN_STATUSES))
+    where_after, params = ("AND kl.`key` > %s ", [after]) if after is not None else ("", [])
+    with conn.cursor() as cursor:
+        cursor.execute(
+            f"SELECT kl.`key` FROM {KEY_LOCK} AS kl WHERE NOT EXISTS (SELECT 1 FROM {MESSAGE} AS m"
+            f" WHERE m.`key` = kl.`key` AND m.status IN ({statuses})) {where_after}ORDER BY kl.`key` LIMIT %s",
+            [*params, limit],
+        )
+        candidates = [row[0] for row in cursor.fetchall()]
+    if not candidates:
+        return 0, None
+    last = candidates[-1] if len(candidates) == limit else None
+    marks = ", ".join(["%s"] * len(candidates))
+    with transaction.atomic(using=conn.alias), conn.cursor() as cursor:
+        cursor.execute(
+            f"SELECT `key` FROM {KEY_LOCK} WHERE `key` IN ({marks}) ORDER BY `key` FOR UPDATE SKIP LOCKED",
+            candidates,
+        )
+        locked = [row[0] for row in cursor.fetchall()]
+        if locked:
+            marks = ", ".join(["%s"] * len(locked))
+            cursor.execute(
+                f"SELECT DISTINCT `key` FROM {MESSAGE} WHERE `key` IN ({marks}) AND status IN ({statuses})", locked
+            )
+            still_open = {row[0] for row in cursor.fetchall()}
+            idle = [key for key in locked if key not in still_open]
+        else:
+            idle = []
+        deleted = _delete_key_locks(conn, cursor, idle)
+    return deleted, last
+
+
+def _delete_key_locks(conn: BaseDatabaseWrapper, cursor: Any, keys: list[str]) -> int:
+    """The last statement of the prune's transaction, on rows it already holds (a seam for the tests
+    that hold the transaction open here, with its locks, to race producers against it)."""
+    if not keys:
+        return 0
+    cursor.execute(f"DELETE FROM {KEY_LOCK} WHERE `key` IN ({', '.join(['%s'] * len(keys))})", keys)
+    return int(cursor.rowcount)

@@ -143,9 +143,13 @@ def _insert_mysql(alias: str, conn: Any, new: NewMessage, *, checked: bool = Fal
         times = f"%s, {MYSQL_NOW}"
         params.append(prep_dt(conn, new.available_at))
     elif new.delay_seconds > 0:
-        # past year 9999 the sum is NULL: the latest time a DateTimeField reads back, as on PostgreSQL
-        times = f"COALESCE({MYSQL_NOW} + INTERVAL %s MICROSECOND, {mysql.LAST_TIME}), {MYSQL_NOW}"
-        params.append(mysql.interval(min(new.delay_seconds, 400 * 365.25 * 86400)))
+        # Capped at the latest time a DateTimeField reads back, as on PostgreSQL, by capping the interval
+        # itself: a sum past year 9999 is an error in strict mode (1441), not a NULL to COALESCE.
+        times = (
+            f"{MYSQL_NOW} + INTERVAL LEAST(%s, TIMESTAMPDIFF(MICROSECOND, {MYSQL_NOW}, {mysql.LAST_TIME}))"
+            f" MICROSECOND, {MYSQL_NOW}"
+        )
+        params.append(mysql.interval(new.delay_seconds))
     else:
         times = f"{MYSQL_NOW}, {MYSQL_NOW}"
     for _ in range(_INSERT_TRIES):

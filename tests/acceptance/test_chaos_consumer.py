@@ -57,10 +57,14 @@ def test_effect_audit_counts_double_lost_and_stray_effects() -> None:
 
 @pytest.mark.slow
 def test_smallest_chaos_run_applies_every_effect_exactly_once(tmp_path: Path) -> None:
-    """On the suite's database: SQLite, or a private PostgreSQL cluster (restarted mid-run)."""
-    database = "postgresql" if connection.vendor == "postgresql" else "sqlite"
+    """On the suite's database: SQLite, or a private PostgreSQL cluster or MariaDB server (restarted mid-run)."""
+    database = {"postgresql": "postgresql", "mysql": "mariadb"}.get(connection.vendor, "sqlite")
+    missing = None
     if database == "postgresql" and not (glob.glob("/usr/lib/postgresql/*/bin/pg_ctl") or shutil.which("pg_ctl")):
         missing = "bench/chaos.py needs PostgreSQL's server binaries for its private cluster"
+    if database == "mariadb" and not (shutil.which("mariadbd") or Path("/usr/sbin/mariadbd").exists()):
+        missing = "bench/chaos.py needs MariaDB's server binaries (mariadbd) for its private server"
+    if missing:
         if IN_CI:
             pytest.fail(f"{missing}; under CI=true this is a failure")
         pytest.skip(missing)
@@ -84,6 +88,8 @@ def test_smallest_chaos_run_applies_every_effect_exactly_once(tmp_path: Path) ->
     assert figures["raw duplicates per million deliveries"] > 0  # the faults did cause redeliveries
     if database == "postgresql":
         assert figures["PostgreSQL restarts"] == 1
+    if database == "mariadb":
+        assert figures["MariaDB restarts"] == 1
 
 
 @pytest.mark.slow

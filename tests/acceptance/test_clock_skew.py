@@ -1,6 +1,6 @@
 """Workers whose clocks are wrong: real worker processes under libfaketime, five minutes ahead or behind.
 
-On PostgreSQL every lease, reap and due-time decision is taken on the database server's clock, so a
+On PostgreSQL and MariaDB every lease, reap and due-time decision is taken on the database server's clock, so a
 worker's own clock may be off by minutes: a host ahead must not reap live leases (duplicates), a host
 behind must not hold dead ones for minutes, nor claim or schedule by its own idea of the time.
 
@@ -40,8 +40,9 @@ LEASE = 3.0
 
 
 @pytest.fixture(autouse=True)
-def _libfaketime(postgres) -> None:
-    """These tests are about PostgreSQL (SQLite, one host, keeps the local clock) and need libfaketime."""
+def _libfaketime(server_database) -> None:
+    """These tests are about a database server's clock (SQLite, one host, keeps the local clock) and need
+    libfaketime."""
     if not LIBFAKETIME.exists():
         missing = f"libfaketime is not installed ({LIBFAKETIME}); apt-get install libfaketime (.ci/run does it)"
         if IN_CI:
@@ -59,8 +60,19 @@ def shifted_env(shift: str) -> dict[str, str]:
     }
 
 
+#: The server's clock as seconds since the epoch, in a shifted process's own query.
+EPOCH_SQL = {
+    "postgresql": "SELECT extract(epoch FROM statement_timestamp())::float8",
+    "mysql": "SELECT UNIX_TIMESTAMP(NOW(6))",  # NOW() is in the session's zone, which UNIX_TIMESTAMP undoes
+}
+
+
 def server_now() -> dt.datetime:
     with connection.cursor() as cursor:
+        if connection.vendor == "mysql":
+            cursor.execute("SELECT UTC_TIMESTAMP(6)")
+            naive: dt.datetime = cursor.fetchone()[0]
+            return naive.replace(tzinfo=dt.UTC)
         cursor.execute("SELECT statement_timestamp()")
         value: dt.datetime = cursor.fetchone()[0]
     return value
@@ -100,13 +112,13 @@ def attempts_of(message: Message) -> list[tuple[int, str]]:
 
 
 @pytest.mark.parametrize("shift", SHIFTS)
-def test_a_shifted_process_sees_a_shifted_clock_and_still_reaches_postgresql(shift):
+def test_a_shifted_process_sees_a_shifted_clock_and_still_reaches_the_server(shift):
     """The harness itself: Python's and Django's clocks are off by the shift, the database is reachable."""
     before = time.time()
     seen = run_python(
         "import time\nfrom django.db import connection\nfrom django.utils import timezone\n"
-        "with connection.cursor() as c:\n    c.execute('SELECT extract(epoch FROM statement_timestamp())::float8')\n"
-        "    server = c.fetchone()[0]\n"
+        f"with connection.cursor() as c:\n    c.execute({EPOCH_SQL[connection.vendor]!r})\n"
+        "    server = float(c.fetchone()[0])\n"
         "print(json.dumps({'time': time.time(), 'django': timezone.now().timestamp(), 'server': server}))",
         shift=shift,
     )
@@ -182,11 +194,20 @@ def test_a_retry_scheduled_by_a_shifted_worker_is_due_on_the_servers_clock(worke
 
 @pytest.mark.parametrize("shift", SHIFTS)
 def test_a_shifted_worker_sleeps_until_a_scheduled_message_is_due_on_the_servers_clock(workers, shift):
-    """Idle with a 30 s poll, it wakes when the message is due on the server: not early, not minutes late."""
-    workers("--poll-interval", "30", shift=shift)
-    message = outbox.send("probe.scheduled", {"n": 1}, delay=2)
+    """Idle with a 30 s poll, it wakes when the message is due on the server: not early, not minutes late.
+
+    On PostgreSQL the send's NOTIFY wakes the idle worker, which then sleeps until the due time; MariaDB
+    has no NOTIFY (a message sent to an idle worker waits for its next poll), so there the message is
+    sent first, with time to spare for the worker's start, and the worker's first sleep is the one tested.
+    """
+    if connection.vendor == "mysql":
+        message = outbox.send("probe.scheduled", {"n": 1}, delay=10)
+        workers("--poll-interval", "30", shift=shift)
+    else:
+        workers("--poll-interval", "30", shift=shift)
+        message = outbox.send("probe.scheduled", {"n": 1}, delay=2)
     message.refresh_from_db()
-    wait_for(lambda: Delivery.objects.filter(message_id=message.pk).exists(), timeout=15, interval=0.02)
+    wait_for(lambda: Delivery.objects.filter(message_id=message.pk).exists(), timeout=25, interval=0.02)
     seen = server_now()
     early = (message.available_at - seen).total_seconds()
     assert early <= 0, f"delivered {early:.2f}s before it was due on the server's clock"

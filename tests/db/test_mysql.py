@@ -37,7 +37,8 @@ def _lock_waits() -> int:
     """Statements of other sessions now waiting on a producer's key row."""
     with connection.cursor() as cursor:
         cursor.execute(
-            "SELECT state, info FROM information_schema.processlist WHERE id <> CONNECTION_ID() AND info LIKE %s",
+            "SELECT state, info FROM information_schema.processlist WHERE id <> CONNECTION_ID() AND db = DATABASE()"
+            " AND info LIKE %s",
             [f"INSERT INTO {store_mysql.KEY_LOCK}%"],
         )
         rows = cursor.fetchall()

@@ -157,6 +157,23 @@ def test_delay_and_available_at():
     assert Message.objects.get(pk=c.pk).available_at == when
 
 
+@pytest.mark.parametrize("send_many", [False, True], ids=["send", "send_many"])
+def test_a_delay_of_thousands_of_years_is_kept_not_shortened(send_many):
+    """The longest delay send() accepts ends a minute before its latest time (about year 9999). MariaDB
+    once capped the delay at 400 years (to keep its date arithmetic from overflowing, an error in strict
+    mode): the message came due in the 2420s, and the returned Message said so too."""
+    from django_outbox.api import LATEST_AVAILABLE_AT
+
+    delay = (LATEST_AVAILABLE_AT - timezone.now()).total_seconds() - 60
+    if send_many:
+        (sent,) = outbox.send_many([{"topic": "probe.created", "payload": {}, "delay": delay}])
+    else:
+        sent = outbox.send("probe.created", {}, delay=delay)
+    stored = Message.objects.get(pk=sent.pk).available_at
+    assert abs((stored - (LATEST_AVAILABLE_AT - dt.timedelta(minutes=1))).total_seconds()) < 60
+    assert sent.available_at == stored
+
+
 def test_headers_and_max_attempts_are_stored():
     m = outbox.send("probe.created", {}, headers={"x-tenant": "acme"}, max_attempts=2)
     stored = Message.objects.get(pk=m.pk)

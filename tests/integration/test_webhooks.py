@@ -73,7 +73,7 @@ def test_delivers_signed_request_that_standardwebhooks_verifies(hooks, server):
     by_key = {r.headers["idempotency-key"]: r for r in server.requests}
     assert set(by_key) == {"order-1", str(plain.uuid)}
     first, second = by_key["order-1"], by_key[str(plain.uuid)]
-    assert first.path == "/hook"
+    assert first.path == second.path == "/hook"
     assert first.headers["content-type"] == "application/json"
     keyed.refresh_from_db()
     assert json.loads(first.body) == {
