@@ -12,7 +12,19 @@ import datetime as dt
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
-from django.db.models import Count, Exists, Max, Min, OuterRef, Q, QuerySet
+from django.db import connections
+from django.db.models import (
+    BooleanField,
+    Count,
+    Exists,
+    ExpressionWrapper,
+    Max,
+    Min,
+    OuterRef,
+    Q,
+    QuerySet,
+    Subquery,
+)
 from django.db.models.functions import TruncMinute
 
 from .. import store
@@ -230,7 +242,7 @@ class DueHead:
     held: Tally  # due messages held behind an earlier message of their key
 
 
-def _due_head(due: QuerySet[Message], behind: Exists, *, cap: int | None = None) -> DueHead:
+def _due_head(due: QuerySet[Message], behind: Exists | ExpressionWrapper, *, cap: int | None = None) -> DueHead:
     """The lag's start and the held-by-key count, from the ``cap + 1`` (``DUE_WINDOW``) oldest due messages.
 
     The statement walks the due index oldest first, probes each message's key once (an index lookup on
@@ -256,18 +268,26 @@ def _due_head(due: QuerySet[Message], behind: Exists, *, cap: int | None = None)
     return DueHead(oldest=row["newest"], oldest_exact=False, held=held)
 
 
-def _held_by_key(due: QuerySet[Message], behind: Exists, *, cap: int | None = None) -> Tally:
+def _held_by_key(due: QuerySet[Message], behind: Exists | ExpressionWrapper, *, cap: int | None = None) -> Tally:
     """Due keyed messages held behind their key, among the ``cap + 1`` oldest due ones (see ``_due_head``)."""
     return _due_head(due, behind, cap=cap).held
 
 
-def _behind_their_key(messages: QuerySet[Message]) -> Exists:
-    """A keyed message with an earlier message of its key that holds it back: the claim's own rule."""
+def _behind_their_key(messages: QuerySet[Message]) -> Exists | ExpressionWrapper:
+    """A keyed message with an earlier message of its key that holds it back: the claim's own rule.
+
+    On PostgreSQL asked as the claim asks it (``store.claiming``): is the key's head, the first open row
+    of the key in the index of open keyed rows, another message? ``key >= outer key`` ordered by key and
+    id is an order only that index gives; an ``EXISTS`` on ``key = outer key AND id < outer id`` let the
+    planner walk the primary key through every delivered row, for each key, with few distinct keys.
+    """
     from ..store import blocking_statuses
 
-    return Exists(
-        messages.filter(key=OuterRef("key"), id__lt=OuterRef("id"), status__in=blocking_statuses()).values("id")
-    )
+    open_rows = messages.filter(status__in=blocking_statuses())
+    if connections[messages.db].vendor != "postgresql":
+        return Exists(open_rows.filter(key=OuterRef("key"), id__lt=OuterRef("id")).values("id"))
+    head = open_rows.filter(key__gte=OuterRef("key")).order_by("key", "id").values("id")[:1]
+    return ExpressionWrapper(Q(key__isnull=False) & ~Q(id=Subquery(head)), output_field=BooleanField())
 
 
 def blocked_keys(using: str = "default", *, limit: int = MAX_BLOCKED_KEYS_SHOWN) -> list[BlockedKey]:

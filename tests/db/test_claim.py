@@ -2,12 +2,16 @@
 
 from __future__ import annotations
 
+from typing import Any
+
 import pytest
 from django.db import connection, transaction
+from django.test.utils import CaptureQueriesContext
 from django.utils import timezone
 from psycopg import pq
 
 from django_outbox import store
+from django_outbox.admin import overview
 from django_outbox.store import claiming
 from tests.support.factories import MessageFactory
 
@@ -45,35 +49,57 @@ FROM generate_series(1, 20500) AS i
 """
 
 
+def _few_keys_after_a_drain(cursor: Any) -> None:
+    """20,500 messages on five keys (a key per tenant, say), analyzed while all were pending, then 20,000
+    of them delivered: the statistics still say pending, as until autovacuum's next analyze."""
+    cursor.execute(FEW_KEYS)
+    cursor.execute("ANALYZE django_outbox_message")
+    cursor.execute(
+        "UPDATE django_outbox_message SET status = 'delivered', attempts = 1, delivered_at = now()"
+        " WHERE id IN (SELECT id FROM django_outbox_message ORDER BY id LIMIT 20000)"
+    )
+
+
+def _pages(cursor: Any, sql: str, params: Any = ()) -> tuple[int, str]:
+    """Pages the statement reads on its second run (the first also marks the delivered rows' index
+    entries dead, as the worker's first claim does), and its plan; rolled back."""
+    for _ in range(2):
+        with transaction.atomic():
+            cursor.execute("EXPLAIN (ANALYZE, BUFFERS, FORMAT JSON) " + sql, params)
+            (plan,) = cursor.fetchone()
+            transaction.set_rollback(True)
+    root = (plan[0] if isinstance(plan, list) else plan)["Plan"]
+    return root["Shared Hit Blocks"] + root["Shared Read Blocks"], str(plan)
+
+
 def test_few_keys_behind_a_long_history_the_head_probe_reads_the_open_keys_index(postgres):
-    """A burst of 20,500 messages on five keys (a key per tenant, say), analyzed while all were pending,
-    then 20,000 of them delivered (the statistics still say pending, as until autovacuum's next analyze).
-    Asked whether an earlier message of a row's key is open (``b.key = c.key AND b.id < c.id``), the
-    planner walked the primary key back from the row, through the delivered rows, for each key's head
-    on every claim: the drain fell to tens of messages a second. The probe reads the index of open keyed
-    rows, so a claim's reads grow with the backlog, not with the backlog times the delivered rows."""
+    """Asked whether an earlier message of a row's key is open (``b.key = c.key AND b.id < c.id``), the
+    planner walked the primary key back from the row, through the delivered rows, for each key's head on
+    every claim: 4 s and 10.6 million pages per claim here, and the drain fell to tens of messages a
+    second. The probe reads the key's head off the index of open keyed rows: about 18,000 pages (the
+    delivered rows' index entries, not yet vacuumed, among them)."""
     with connection.cursor() as cursor:
-        cursor.execute(FEW_KEYS)
-        cursor.execute("ANALYZE django_outbox_message")
-        cursor.execute(
-            "UPDATE django_outbox_message SET status = 'delivered', attempts = 1, delivered_at = now()"
-            " WHERE id IN (SELECT id FROM django_outbox_message ORDER BY id LIMIT 20000)"
-        )
+        _few_keys_after_a_drain(cursor)
         sql, params = store.claim_sql(connection, worker="w", limit=100, lease_seconds=60)
-        runs = []
-        for _ in range(2):  # the first run also marks the delivered rows' index entries dead, as a claim does
-            with transaction.atomic():
-                cursor.execute("EXPLAIN (ANALYZE, BUFFERS, FORMAT JSON) " + sql, params)
-                (plan,) = cursor.fetchone()
-                transaction.set_rollback(True)
-            runs.append(plan[0] if isinstance(plan, list) else plan)
-    root = runs[-1]["Plan"]
-    pages = root["Shared Hit Blocks"] + root["Shared Read Blocks"]
-    text = str(runs[-1])
-    assert "outbox_msg_key_open_idx" in text, text
-    # Seen: about 18,000 pages (the delivered rows' dead index entries not yet vacuumed among them); the
-    # primary-key walk read 10,600,000, in 4 s per claim.
+        pages, plan = _pages(cursor, sql, params)
+    assert "outbox_msg_key_open_idx" in plan, plan
     assert pages < 100_000, f"the claim read {pages} pages for 500 pending rows on five keys"
+
+
+def test_few_keys_behind_a_long_history_the_lag_reads_the_open_keys_index(postgres):
+    """The lag of the overview, ``outbox_status``, the metrics and the health view asks the claim's
+    question of each of the oldest due messages: the same walk made it take seconds, past a DBA's
+    statement timeout (and the health view then answers 503)."""
+    with connection.cursor() as cursor:
+        _few_keys_after_a_drain(cursor)
+    with CaptureQueriesContext(connection) as queries:
+        gauges = overview.gauges("default")
+    assert gauges.lag_seconds >= 0
+    (lag_sql,) = [q["sql"] for q in queries.captured_queries if "is_held" in q["sql"]]
+    with connection.cursor() as cursor:
+        pages, plan = _pages(cursor, lag_sql)
+    assert "outbox_msg_key_open_idx" in plan, plan
+    assert pages < 100_000, f"the lag read {pages} pages for 500 pending rows on five keys"
 
 
 BURST = """
