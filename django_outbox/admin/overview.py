@@ -242,7 +242,7 @@ class DueHead:
     held: Tally  # due messages held behind an earlier message of their key
 
 
-def _due_head(due: QuerySet[Message], behind: Exists | ExpressionWrapper, *, cap: int | None = None) -> DueHead:
+def _due_head(due: QuerySet[Message], behind: Exists | ExpressionWrapper[Any], *, cap: int | None = None) -> DueHead:
     """The lag's start and the held-by-key count, from the ``cap + 1`` (``DUE_WINDOW``) oldest due messages.
 
     The statement walks the due index oldest first, probes each message's key once (an index lookup on
@@ -268,12 +268,12 @@ def _due_head(due: QuerySet[Message], behind: Exists | ExpressionWrapper, *, cap
     return DueHead(oldest=row["newest"], oldest_exact=False, held=held)
 
 
-def _held_by_key(due: QuerySet[Message], behind: Exists | ExpressionWrapper, *, cap: int | None = None) -> Tally:
+def _held_by_key(due: QuerySet[Message], behind: Exists | ExpressionWrapper[Any], *, cap: int | None = None) -> Tally:
     """Due keyed messages held behind their key, among the ``cap + 1`` oldest due ones (see ``_due_head``)."""
     return _due_head(due, behind, cap=cap).held
 
 
-def _behind_their_key(messages: QuerySet[Message]) -> Exists | ExpressionWrapper:
+def _behind_their_key(messages: QuerySet[Message]) -> Exists | ExpressionWrapper[Any]:
     """A keyed message with an earlier message of its key that holds it back: the claim's own rule.
 
     On PostgreSQL asked as the claim asks it (``store.claiming``): is the key's head, the first open row
