@@ -141,7 +141,7 @@ class Message(models.Model):
         """Django's own checks, less its warnings that MariaDB/MySQL ignore the conditions of this
         model's partial indexes and unique constraint (``models.W036``, ``models.W037``): migration 0009
         gives those their shapes there (a plain unique index for the idempotency key, the claim's
-        ``(status, id)`` index), and ``django_outbox.E114`` reports a database without it. Left in, a new
+        ``(status, id)`` index), and check E114 reports a database without it. Left in, a new
         MariaDB project got eight warnings on every command; other models' warnings are untouched."""
         return [e for e in super().check(**kwargs) if e.id not in _MYSQL_SHAPED_BY_0009]
 
