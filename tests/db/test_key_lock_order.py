@@ -12,50 +12,18 @@ aborted transaction, run again, goes through.
 from __future__ import annotations
 
 import threading
-from collections.abc import Callable
 
 import pytest
-from django.db import DatabaseError, connection, connections, transaction
+from django.db import DatabaseError, transaction
 
 from django_outbox import outbox
 from django_outbox.models import Message
-from django_outbox.store.mysql import KEY_LOCK
+from tests.support.threads import in_thread, key_lock_waiters
 from tests.support.waiting import wait_for
 
 pytestmark = pytest.mark.django_db(transaction=True)
 
 KEYS = [f"acct-{n}🔑" for n in range(6)]
-
-
-def _in_thread(target: Callable[[], None], errors: list[BaseException]) -> threading.Thread:
-    def run() -> None:
-        try:
-            target()
-        except BaseException as exc:  # reported by the test
-            errors.append(exc)
-        finally:
-            connections.close_all()
-
-    thread = threading.Thread(target=run, daemon=True)
-    thread.start()
-    return thread
-
-
-def _lock_waiters() -> int:
-    """Sessions of the test database now waiting for a key's lock (a producer queued on it)."""
-    with connection.cursor() as cursor:
-        if connection.vendor == "postgresql":
-            cursor.execute(
-                "SELECT count(*) FROM pg_locks WHERE NOT granted"
-                " AND database = (SELECT oid FROM pg_database WHERE datname = current_database())"
-            )
-        else:  # innodb_lock_waits and innodb_trx miss a wait on a lock the holder has only implicitly
-            cursor.execute(
-                "SELECT count(*) FROM information_schema.processlist WHERE id <> CONNECTION_ID()"
-                " AND db = DATABASE() AND info LIKE %s",
-                [f"INSERT INTO {KEY_LOCK}%"],
-            )
-        return int(cursor.fetchone()[0])
 
 
 def _payloads(producer: str) -> list[int]:
@@ -80,11 +48,11 @@ def test_batches_of_the_same_keys_in_opposite_orders_queue_rather_than_deadlock(
             items = [{"topic": "probe.b", "payload": {"n": n}, "key": k} for n, k in enumerate(KEYS)]
             outbox.send_many(items[::-1])
 
-    one = _in_thread(first, errors)
+    one = in_thread(first, errors)
     try:
         assert first_sent.wait(60)
-        two = _in_thread(second, errors)
-        wait_for(lambda: errors or _lock_waiters() >= 1, timeout=60)
+        two = in_thread(second, errors)
+        wait_for(lambda: errors or key_lock_waiters() >= 1, timeout=60)
         assert not errors, errors
         assert Message.objects.count() == 0, "nothing is visible before the batches commit"
     finally:
@@ -112,7 +80,7 @@ def test_concurrent_batches_of_overlapping_keys_in_every_order_never_deadlock(se
             with transaction.atomic():
                 outbox.send_many([{"topic": f"probe.p{p}", "payload": {"n": r}, "key": k} for k in order])
 
-    threads = [_in_thread(lambda p=p: produce(p), errors) for p in range(producers)]
+    threads = [in_thread(lambda p=p: produce(p), errors) for p in range(producers)]
     for thread in threads:
         thread.join(180)
     assert errors == [], "a batch failed (a deadlock between batches means the keys were not locked in order)"
@@ -151,8 +119,8 @@ def test_two_transactions_sending_the_same_keys_in_opposite_orders_one_is_aborte
                 holding[name].set()  # a retry of its own: the other producer waits for nothing more
 
     threads = [
-        _in_thread(lambda: producer("a", k1, k2, "b"), errors),
-        _in_thread(lambda: producer("b", k2, k1, "a"), errors),
+        in_thread(lambda: producer("a", k1, k2, "b"), errors),
+        in_thread(lambda: producer("b", k2, k1, "a"), errors),
     ]
     for thread in threads:
         thread.join(120)
@@ -196,8 +164,8 @@ def test_a_deadlock_victim_leaves_its_other_writes_out_too(server_database):
             outcome[name] = "aborted"
 
     threads = [
-        _in_thread(lambda: producer("a", k1, k2, "b"), errors),
-        _in_thread(lambda: producer("b", k2, k1, "a"), errors),
+        in_thread(lambda: producer("a", k1, k2, "b"), errors),
+        in_thread(lambda: producer("b", k2, k1, "a"), errors),
     ]
     for thread in threads:
         thread.join(120)

@@ -10,17 +10,17 @@ from __future__ import annotations
 
 import threading
 import time
-from collections.abc import Callable
 from typing import Any
 
 import pytest
-from django.db import connection, connections, transaction
+from django.db import connection, transaction
 
 from django_outbox import outbox
 from django_outbox.models import Message
 from django_outbox.retention import housekeeping
 from django_outbox.store import mysql as store_mysql
 from django_outbox.testing import relay_all
+from tests.support.threads import in_thread, key_lock_waiters
 from tests.support.waiting import wait_for
 
 pytestmark = [pytest.mark.django_db(transaction=True), pytest.mark.usefixtures("empty_archive")]
@@ -37,31 +37,6 @@ def _lock_rows() -> set[str]:
     with connection.cursor() as cursor:
         cursor.execute(f"SELECT `key` FROM {store_mysql.KEY_LOCK}")
         return {row[0] for row in cursor.fetchall()}
-
-
-def _key_row_waiters() -> int:
-    """Producers of this database now waiting on a key's lock row."""
-    with connection.cursor() as cursor:
-        cursor.execute(
-            "SELECT count(*) FROM information_schema.processlist WHERE id <> CONNECTION_ID() AND db = DATABASE()"
-            " AND info LIKE %s",
-            [f"INSERT INTO {store_mysql.KEY_LOCK}%"],
-        )
-        return int(cursor.fetchone()[0])
-
-
-def _in_thread(target: Callable[[], Any], errors: list[BaseException]) -> threading.Thread:
-    def run() -> None:
-        try:
-            target()
-        except BaseException as exc:  # reported by the test
-            errors.append(exc)
-        finally:
-            connections.close_all()
-
-    thread = threading.Thread(target=run, daemon=True)
-    thread.start()
-    return thread
 
 
 def test_housekeeping_prunes_the_rows_of_keys_with_no_open_message(mysql, handler):
@@ -114,7 +89,7 @@ def test_a_row_an_open_producer_holds_is_skipped_not_waited_for(mysql, handler):
             sent.set()
             assert release.wait(60)
 
-    thread = _in_thread(producer, errors)
+    thread = in_thread(producer, errors)
     try:
         assert sent.wait(60)
         started = time.monotonic()
@@ -151,7 +126,7 @@ def test_a_producer_meeting_the_prune_waits_for_it_then_serialises_as_before(mys
 
     monkeypatch.setattr(store_mysql, "_delete_key_locks", held_delete)
     reports: list[housekeeping.Report] = []
-    pruner = _in_thread(lambda: reports.append(housekeeping.run("default")), errors)
+    pruner = in_thread(lambda: reports.append(housekeeping.run("default")), errors)
     first_sent, release_first, second_sent = threading.Event(), threading.Event(), threading.Event()
 
     def first() -> None:
@@ -167,15 +142,15 @@ def test_a_producer_meeting_the_prune_waits_for_it_then_serialises_as_before(mys
 
     try:
         assert holding.wait(60)
-        producer_one = _in_thread(first, errors)
-        wait_for(lambda: errors or _key_row_waiters() >= 1, timeout=60)
+        producer_one = in_thread(first, errors)
+        wait_for(lambda: errors or key_lock_waiters() >= 1, timeout=60)
         assert not first_sent.is_set(), "the producer went past a row housekeeping holds"
         release_prune.set()
         pruner.join(60)
         assert reports and reports[0].key_locks_pruned == 1
         assert first_sent.wait(60)
-        producer_two = _in_thread(second, errors)
-        wait_for(lambda: errors or _key_row_waiters() >= 1, timeout=60)
+        producer_two = in_thread(second, errors)
+        wait_for(lambda: errors or key_lock_waiters() >= 1, timeout=60)
         assert not second_sent.is_set(), "a second producer of the key did not wait for the first"
     finally:
         release_prune.set()
@@ -226,8 +201,8 @@ def test_producers_relay_and_housekeeping_at_once(mysql, handler):
         while not stop.is_set():
             relay_all()
 
-    background = [_in_thread(prune, errors), _in_thread(relay, errors)]
-    threads = [_in_thread(lambda p=p: produce(p), errors) for p in range(producers)]
+    background = [in_thread(prune, errors), in_thread(relay, errors)]
+    threads = [in_thread(lambda p=p: produce(p), errors) for p in range(producers)]
     for thread in threads:
         thread.join(180)
     wait_for(lambda: errors or len(delivered) >= producers * per_producer, timeout=120)

@@ -28,21 +28,10 @@ from django_outbox.models import Message
 from django_outbox.store import mysql as store_mysql
 from django_outbox.testing import relay_all
 from tests.support.database import connect_raw_mysql
+from tests.support.threads import key_lock_waiters
 from tests.support.waiting import wait_for
 
 pytestmark = pytest.mark.django_db(transaction=True)
-
-
-def _lock_waits() -> int:
-    """Statements of other sessions now waiting on a producer's key row."""
-    with connection.cursor() as cursor:
-        cursor.execute(
-            "SELECT state, info FROM information_schema.processlist WHERE id <> CONNECTION_ID() AND db = DATABASE()"
-            " AND info LIKE %s",
-            [f"INSERT INTO {store_mysql.KEY_LOCK}%"],
-        )
-        rows = cursor.fetchall()
-        return len(rows)
 
 
 def test_two_producers_of_one_key_commit_in_id_order(mysql, handler):
@@ -81,7 +70,7 @@ def test_two_producers_of_one_key_commit_in_id_order(mysql, handler):
         thread.start()
     try:
         assert first_sent.wait(30)
-        wait_for(lambda: errors or _lock_waits() >= 1, timeout=30)  # the second producer waits on the key's row
+        wait_for(lambda: errors or key_lock_waiters() >= 1, timeout=30)  # the second producer waits on the key's row
         assert not errors, errors
         assert not second_done.is_set()
         relay_all()
@@ -135,7 +124,7 @@ def test_a_raw_producer_outside_django_is_ordered_too(mysql, handler):
 
         thread = threading.Thread(target=send)
         thread.start()
-        wait_for(lambda: _lock_waits() >= 1, timeout=30)
+        wait_for(lambda: key_lock_waiters() >= 1, timeout=30)
         assert not done.is_set()
         other.rollback()
         thread.join(30)

@@ -5,10 +5,9 @@ from __future__ import annotations
 import datetime as dt
 import threading
 import time
-from collections.abc import Callable
 
 import pytest
-from django.db import connection, connections, transaction
+from django.db import connection, transaction
 from django.test import override_settings
 from django.test.utils import CaptureQueriesContext
 from django.utils import timezone
@@ -19,6 +18,7 @@ from django_outbox.models import Message
 from django_outbox.testing import relay_all
 from testproject.shop.models import Order
 from tests.support.database import needs_session_listen, neighbour_transaction
+from tests.support.threads import in_thread
 from tests.support.waiting import wait_for
 
 pytestmark = pytest.mark.django_db(transaction=True)
@@ -158,18 +158,6 @@ def _waiting_for_the_key(key: str) -> bool:
         return cursor.fetchone() is not None
 
 
-def _in_thread(target: Callable[[], None]) -> threading.Thread:
-    def run() -> None:
-        try:
-            target()
-        finally:
-            connections.close_all()
-
-    thread = threading.Thread(target=run, daemon=True)
-    thread.start()
-    return thread
-
-
 def _hold_open(inserted: threading.Event, release: threading.Event, *, roll_back: bool = False) -> threading.Thread:
     """In another connection: send ord.x n=1 on key K, then keep the transaction open until released."""
 
@@ -180,7 +168,7 @@ def _hold_open(inserted: threading.Event, release: threading.Event, *, roll_back
             release.wait(30)
             transaction.set_rollback(roll_back)
 
-    return _in_thread(run)
+    return in_thread(run)
 
 
 @pytest.mark.parametrize("second_has_older_xid", [False, True], ids=["plain", "second-has-older-xid"])
@@ -202,7 +190,7 @@ def test_a_second_sender_of_a_key_waits_until_the_first_commits(postgres, log, s
 
     try:
         assert inserted.wait(10)
-        second = _in_thread(second_sender)
+        second = in_thread(second_sender)
         wait_for(lambda: _waiting_for_the_key("K"), timeout=10)
         assert not second_sent.is_set(), "the second send() of K returned while the first's transaction is open"
         relay_all()
@@ -222,7 +210,7 @@ def test_a_rolled_back_first_sender_lets_the_second_go(postgres, log):
     first = _hold_open(inserted, release, roll_back=True)
     try:
         assert inserted.wait(10)
-        second = _in_thread(lambda: (outbox.send("ord.x", {"n": 2}, key="K"), second_sent.set()))
+        second = in_thread(lambda: (outbox.send("ord.x", {"n": 2}, key="K"), second_sent.set()))
         wait_for(lambda: _waiting_for_the_key("K"), timeout=10)
         assert not second_sent.is_set()
     finally:
@@ -245,7 +233,7 @@ def test_senders_of_other_keys_and_without_a_key_do_not_wait(postgres, log):
                 outbox.send("ord.x", {"n": 9})
             others_sent.set()
 
-        _in_thread(others).join(20)
+        in_thread(others).join(20)
         assert others_sent.is_set(), "another key's or a keyless send() waited for K's open transaction"
         relay_until(lambda: set(log) == {(None, 9), ("L", 1)})
     finally:
@@ -280,7 +268,7 @@ def test_concurrent_senders_of_one_key_are_delivered_in_commit_order_while_a_rel
         except BaseException as exc:  # pragma: no cover - reported below
             errors.append(exc)
 
-    threads = [_in_thread(lambda p=p: produce(p)) for p in range(producers)]
+    threads = [in_thread(lambda p=p: produce(p)) for p in range(producers)]
     while any(t.is_alive() for t in threads):
         relay_all()
     for thread in threads:

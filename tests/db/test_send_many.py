@@ -13,7 +13,7 @@ from collections.abc import Callable, Iterator
 from typing import Any
 
 import pytest
-from django.db import DatabaseError, connection, connections, transaction
+from django.db import DatabaseError, connection, transaction
 from django.test import override_settings
 from django.test.utils import CaptureQueriesContext
 from django.utils import timezone
@@ -29,6 +29,7 @@ from django_outbox.retention import housekeeping
 from django_outbox.testing import relay_all
 from testproject.shop.models import Order
 from tests.support.database import connect_raw
+from tests.support.threads import in_thread
 from tests.support.waiting import wait_for
 
 pytestmark = pytest.mark.django_db(transaction=True)
@@ -419,18 +420,6 @@ def _lock_numbers(*keys: str) -> list[int]:
         return [row[0] for row in cursor.fetchall()]
 
 
-def _in_thread(target: Callable[[], None]) -> threading.Thread:
-    def run() -> None:
-        try:
-            target()
-        finally:
-            connections.close_all()
-
-    thread = threading.Thread(target=run, daemon=True)
-    thread.start()
-    return thread
-
-
 def test_keys_are_locked_in_the_order_of_their_lock_not_of_the_list(postgres: None):
     """A batch [Y, X] whose X is held elsewhere waits for X without holding Y: it takes X's lock first,
     as every batch does, so two batches with overlapping keys cannot each hold what the other waits for."""
@@ -443,7 +432,7 @@ def test_keys_are_locked_in_the_order_of_their_lock_not_of_the_list(postgres: No
             held.set()
             release.wait(30)
 
-    holder = _in_thread(hold_first)
+    holder = in_thread(hold_first)
     try:
         assert held.wait(10)
         batch_done, other_done = threading.Event(), threading.Event()
@@ -460,9 +449,9 @@ def test_keys_are_locked_in_the_order_of_their_lock_not_of_the_list(postgres: No
             outbox.send("probe.created", {}, key=second)
             other_done.set()
 
-        batch = _in_thread(send_batch)
+        batch = in_thread(send_batch)
         wait_for(lambda: _waiting_sessions() == 1, timeout=10)
-        other = _in_thread(send_other)
+        other = in_thread(send_other)
         assert other_done.wait(10), "the batch held the later key while it waited for the earlier one"
         other.join(10)
         assert not batch_done.is_set()
@@ -496,7 +485,7 @@ def test_batches_with_overlapping_keys_in_any_order_never_deadlock(postgres: Non
         except DatabaseError as exc:  # a deadlock PostgreSQL broke (after deadlock_timeout)
             errors.append(exc)
 
-    threads = [_in_thread(functools.partial(produce, seed)) for seed in range(4)]
+    threads = [in_thread(functools.partial(produce, seed)) for seed in range(4)]
     for thread in threads:
         thread.join(120)
     assert errors == []
@@ -545,11 +534,11 @@ def test_batches_with_overlapping_idempotency_keys_in_opposite_orders_never_dead
         except DatabaseError as exc:
             errors.append(exc)
 
-    holder = _in_thread(hold_gates)
+    holder = in_thread(hold_gates)
     try:
         assert gates_held.wait(10)
-        a = _in_thread(functools.partial(batch, "a", ["i1", "gate-a", "i2"]))
-        b = _in_thread(functools.partial(batch, "b", ["i2", "gate-b", "i1"]))
+        a = in_thread(functools.partial(batch, "a", ["i1", "gate-a", "i2"]))
+        b = in_thread(functools.partial(batch, "b", ["i2", "gate-b", "i1"]))
         wait_for(lambda: len(pids) == 2 and _blocked(pids["a"]) and _blocked(pids["b"]), timeout=20)
     finally:
         release.set()
@@ -595,10 +584,10 @@ def test_a_holder_archived_mid_batch_does_not_reorder_its_key(postgres: None, se
             )
         )
 
-    gate = _in_thread(hold_gate)
+    gate = in_thread(hold_gate)
     try:
         assert gate_held.wait(10)
-        batch = _in_thread(send_batch)
+        batch = in_thread(send_batch)
         wait_for(lambda: bool(pid) and _blocked(pid[0]), timeout=20)  # m1 skipped, m2 waiting for the gate
         report = housekeeping.run("default", now=timezone.now() + dt.timedelta(minutes=1))
         assert report.archived == 1 and not Message.objects.filter(pk=holder.pk).exists()
