@@ -45,6 +45,10 @@ class Sizes:
     enqueue_producers: tuple[int, ...] = (1, 4, 16)
     #: also drain with ``--concurrency 1`` at one process
     one_thread: bool = True
+    #: the MariaDB section (bench/mariadb.py): backlog, process counts, send() transactions per kind and repetition
+    mariadb_messages: int = 10_000
+    mariadb_processes: tuple[int, ...] = (1, 2)
+    mariadb_transactions: int = 300
 
 
 SIZES = {
@@ -61,6 +65,8 @@ SIZES = {
         memory_messages=200_000,
         compare_messages=3000,
         enqueue_transactions=1600,
+        mariadb_messages=40_000,
+        mariadb_transactions=1000,
     ),
     "quick": Sizes(
         reps=3,
@@ -91,6 +97,9 @@ SIZES = {
         send_reps=1,
         enqueue_transactions=32,
         enqueue_producers=(1, 4),
+        mariadb_messages=300,
+        mariadb_processes=(1,),
+        mariadb_transactions=20,
     ),
 }
 

@@ -1,7 +1,8 @@
 """The outbox's benchmark: every figure beside its reference, measured in the same run, as a ratio.
 
     DATABASE_URL=postgres://postgres@127.0.0.1:5432/bench_outbox python bench/run.py [--quick | --smoke]
-        [--only send,drain,latency,enqueue,scale,opentx,memory,compare] [--compare-python PATH] [--output FILE]
+        [--only send,drain,latency,enqueue,scale,opentx,memory,compare,mariadb] [--compare-python PATH]
+        [--output FILE]
         [--history-rows N] [--memory-messages N] [--plot PNG]
 
 It creates the database named in DATABASE_URL (and ``<name>_compare`` for the other libraries) if
@@ -12,6 +13,11 @@ Every drain figure is reported against two references run in the same rounds: th
 minimal twin table (``bench/minimal_relay.py``) and the hand-written relay on the project's own table
 (``bench/baseline_relay.py``). Unless ``--smoke``, the drain figures are also drawn into ``--plot``
 (default ``docs/img/drain-vs-processes.png``) by ``bench/plot.py``.
+
+The ``mariadb`` section measures the drain and ``send()`` on MariaDB, each against its hand-written floor
+in the same run (``bench/mariadb.py``), in the database ``MARIADB_URL`` names (default
+``mysql://root@127.0.0.1:3306/bench_outbox_mariadb``: a database of its own, created and emptied). When
+no section is named and no MariaDB answers there, it is skipped with a note, except under ``CI=true``.
 
 ``--history-rows 10000000`` runs the claim-cost figure on 10,000,000 rows of history (the default is
 1,000,000; 200,000 with ``--quick``): the fill alone takes many minutes on a loaded 2-core machine.
@@ -36,7 +42,7 @@ sys.path.insert(0, str(ROOT))
 os.environ.setdefault("DATABASE_URL", "postgres://postgres@127.0.0.1:5432/bench_outbox")
 os.environ["DJANGO_SETTINGS_MODULE"] = "bench.settings"
 
-SECTIONS = ("send", "drain", "latency", "enqueue", "scale", "opentx", "memory", "compare")
+SECTIONS = ("send", "drain", "latency", "enqueue", "scale", "opentx", "memory", "compare", "mariadb")
 DEFAULT_COMPARE_PYTHON = ROOT / "bench" / ".venv-compare" / "bin" / "python"
 
 
@@ -61,7 +67,13 @@ def main(argv: list[str] | None = None) -> int:
     if unknown:
         parser.error(f"unknown sections {sorted(unknown)}; choose among {', '.join(SECTIONS)}")
 
-    from bench import figures, tables
+    from bench import figures, mariadb, tables
+
+    if "mariadb" in only and not mariadb.reachable(mariadb.url()):
+        if args.only or os.environ.get("CI") == "true":
+            parser.error(f"no MariaDB answers at MARIADB_URL={mariadb.url()}")
+        only.discard("mariadb")
+        print(f"! no MariaDB at {mariadb.url()}: the mariadb section is skipped", flush=True)
 
     dsn = os.environ["DATABASE_URL"]
     if not dsn.startswith("postgres"):
@@ -100,6 +112,18 @@ def main(argv: list[str] | None = None) -> int:
         ("opentx", "d. open transaction", lambda: figures.open_transaction(ctx, expected_rate=_rate(out))),
         ("memory", "e. memory", lambda: figures.memory(ctx)),
         ("compare", "comparisons", lambda: figures.compare(ctx, out.get("drain", {}))),
+        (
+            "mariadb",
+            "f. MariaDB: drain and send()",
+            lambda: mariadb.measure(
+                mariadb.url(),
+                messages=sizes.mariadb_messages,
+                processes=sizes.mariadb_processes,
+                reps=sizes.reps,
+                transactions=sizes.mariadb_transactions,
+                log=ctx.log,
+            ),
+        ),
     ]
     keys = {
         "a. send() overhead": "send",
@@ -112,6 +136,7 @@ def main(argv: list[str] | None = None) -> int:
         "d. open transaction": "open_transaction",
         "e. memory": "memory",
         "comparisons": "compare",
+        "f. MariaDB: drain and send()": "mariadb",
     }
     output = args.output or ROOT / "bench" / "results" / f"{dt.datetime.now():%Y%m%d-%H%M%S}-{size_name}.json"
     output.parent.mkdir(parents=True, exist_ok=True)
@@ -371,10 +396,63 @@ def render(results: dict[str, Any]) -> str:
                     "",
                 )
             )
+    if "mariadb" in f:
+        rows += _mariadb_rows(f["mariadb"])
     header = ("figure", "project", "minimal reference", "same-table reference", "ratio", "target")
     lines = ["| " + " | ".join(header) + " |", "|" + "---|" * len(header)]
     lines += ["| " + " | ".join(row) + " |" for row in rows]
     return "\n".join(lines)
+
+
+def _mariadb_rows(m: dict[str, Any]) -> list[tuple[str, ...]]:
+    """The MariaDB section: the references are the hand-written two-statement relay and INSERT floor."""
+    rows: list[tuple[str, ...]] = []
+    drain = m["drain"]
+    for processes, d in drain["by_processes"].items():
+        rows.append(
+            (
+                f"f. MariaDB drain, {processes} process(es), N={drain['messages']:,}"
+                f" (poll {drain['poll_interval_s'] * 1000:.0f} ms)",
+                f"{d['outbox_per_s']:,.0f} msg/s",
+                f"{d['reference_per_s']:,.0f} msg/s (two-statement relay, twin table)",
+                f"{d['same_table_per_s']:,.0f} msg/s ({d['same_table_to_reference']:.2f}x the twin's)",
+                f"**{d['ratio']:.2f}x** reference, {d['ratio_same_table']:.2f}x same-table",
+                f">= 0.5x, aim 0.8x {_ok(d)}",
+            )
+        )
+        if "two_threads_per_s" in d:
+            rows.append(
+                (
+                    f"f. same, {processes} process, --concurrency 2",
+                    f"{d['two_threads_per_s']:,.0f} msg/s",
+                    "",
+                    "",
+                    f"{d['ratio_two_threads']:.2f}x reference",
+                    "",
+                )
+            )
+    s = m["send"]
+    rows.append(
+        (
+            "f. MariaDB send() in a one-row business transaction",
+            f"{s['send_us_per_tx']:.0f} µs/tx",
+            "",
+            f"{s['floor_us_per_tx']:.0f} µs/tx (+1 hand-written INSERT, own table)",
+            f"{s['send_vs_floor']:.2f}x of the floor (keyed {s['send_keyed_vs_floor_keyed']:.2f}x)",
+            f"<= 1.1x {_ok(s)}",
+        )
+    )
+    rows.append(
+        (
+            "f. MariaDB, vs the transaction without a message",
+            f"{s['send_vs_plain']:.2f}x",
+            "",
+            f"{s['floor_vs_plain']:.2f}x",
+            "",
+            "",
+        )
+    )
+    return rows
 
 
 def _ok(figure: dict[str, Any]) -> str:

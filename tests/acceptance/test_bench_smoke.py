@@ -94,6 +94,52 @@ def test_smoke_run_measures_every_figure(bench_dsn, tmp_path):
         assert row in run.stdout
 
 
+@pytest.fixture
+def bench_mariadb_dsn():
+    """A MariaDB database of the benchmark's own, on the server of MARIADB_URL (never its database itself)."""
+    from urllib.parse import urlparse
+
+    from bench import mariadb
+
+    parsed = urlparse(os.environ.get("MARIADB_URL") or "mysql://root@127.0.0.1:3306/test")
+    server = parsed._replace(path="").geturl()
+    if not mariadb.reachable(server):
+        if os.environ.get("CI") == "true":
+            pytest.fail(f"no MariaDB at {server}; under CI=true that is a failure")
+        pytest.skip(f"no MariaDB at {server}")
+    name = f"{connection.settings_dict['NAME']}_benchsmoke"
+    yield f"{server}/{name}"
+    conn = mariadb.connect(f"{server}/mysql", autocommit=True)
+    try:
+        conn.cursor().execute(f"DROP DATABASE IF EXISTS `{name}`")
+    finally:
+        conn.close()
+
+
+def test_smoke_run_measures_mariadb(bench_dsn, bench_mariadb_dsn, tmp_path):
+    """The MariaDB section: the drain beside both two-statement relays, send() beside its INSERT floor."""
+    output = tmp_path / "results.json"
+    run = subprocess.run(
+        [sys.executable, "bench/run.py", "--smoke", "--only", "mariadb", "--output", str(output)],
+        cwd=ROOT,
+        env={**os.environ, "DATABASE_URL": bench_dsn, "MARIADB_URL": bench_mariadb_dsn},
+        capture_output=True,
+        text=True,
+        timeout=240,
+    )
+    assert run.returncode == 0, run.stdout[-3000:] + run.stderr[-3000:]
+    figures = json.loads(output.read_text())["figures"]
+    assert set(figures) == {"mariadb"}
+    maria = figures["mariadb"]
+    assert "MariaDB" in maria["server"]
+    rounds = maria["drain"]["by_processes"]["1"]["reps"]
+    systems = {"outbox", "outbox_two_threads", "reference", "same_table"}
+    assert rounds and all(set(r) == systems and min(r.values()) > 0 for r in rounds)
+    assert maria["send"]["send_us_per_tx"] > 0 and maria["send"]["floor_us_per_tx"] > 0
+    for row in ("f. MariaDB drain, 1 process(es)", "two-statement relay", "--concurrency 2", "f. MariaDB send()"):
+        assert row in run.stdout
+
+
 def test_topology_smoke_run_measures_every_topology(bench_dsn, tmp_path):
     """bench/topology.py in its tiniest mode: every topology, the NOTIFY references, both prepared modes."""
     from tests.support import pgbouncer
