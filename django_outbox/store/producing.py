@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import contextlib
-import dataclasses
 import datetime as dt
 import functools
 import json
@@ -98,9 +97,12 @@ def insert(alias: str, new: NewMessage, *, notify: str | None = None) -> tuple[M
                 "times while this message was written; send again"
             )
     if pg:  # the times the server gave the row: created_at, then available_at when it was computed too
-        created_at = row[1]
-        available_at = row[2] if schedule == "delay" else created_at if schedule == "now" else new.available_at
-        new = dataclasses.replace(new, created_at=created_at, available_at=available_at)
+        created_at = _as_read(row[1])
+        if schedule == "delay":
+            available_at = _as_read(row[2])
+        else:
+            available_at = created_at if schedule == "now" else _as_read(new.available_at)
+        return _new_message(alias, int(row[0]), new, times=(created_at, available_at)), True
     return _new_message(alias, int(row[0]), new), True
 
 
@@ -166,8 +168,8 @@ def _insert_mysql(alias: str, conn: Any, new: NewMessage, *, checked: bool = Fal
             "times while this message was written; send again"
         )
     if server_times:
-        created_at, available_at = (value.replace(tzinfo=dt.UTC) for value in row[1:3])
-        new = dataclasses.replace(new, created_at=created_at, available_at=available_at)
+        created_at, available_at = (_as_read(value.replace(tzinfo=dt.UTC)) for value in row[1:3])
+        return _new_message(alias, int(row[0]), new, times=(created_at, available_at)), True
     return _new_message(alias, int(row[0]), new), True
 
 
@@ -210,15 +212,17 @@ def _insert_sql(pg: bool, *, keyed: bool, idempotent: bool, notify: bool, schedu
         times, returning = f"{available}, statement_timestamp()", "id, created_at"
         if schedule == "delay":
             returning += ", available_at"
-    sql = (
+    values = f"%s, %s, %s, {jsonb}, {jsonb}, %s, '{PENDING}', 0, %s, {times}, ''"
+    # Unkeyed: a plain VALUES row, which PostgreSQL parses and plans faster than a SELECT over nothing.
+    source = f" SELECT {values}{lock_first}" if lock_first else f" VALUES ({values})"
+    # The NOTIFY rides in the RETURNING list: evaluated once per row written, so not at all when ON
+    # CONFLICT skipped the row, and with no CTE around the INSERT to parse and plan (about 45 µs of a
+    # send(), docs/performance.md).
+    wake = ", pg_notify(%s, '')" if notify else ""
+    return (
         f"INSERT INTO {MESSAGE} (uuid, topic, key, payload, headers, idempotency_key, status, attempts,"
-        f" max_attempts, available_at, created_at, last_error)"
-        f" SELECT %s, %s, %s, {jsonb}, {jsonb}, %s, '{PENDING}', 0, %s, {times}, ''{lock_first}{conflict}"
-        f" RETURNING {returning}"
+        f" max_attempts, available_at, created_at, last_error){source}{conflict} RETURNING {returning}{wake}"
     )
-    if notify:
-        sql = f"WITH m AS ({sql}) SELECT {returning}, pg_notify(%s, '') FROM m"
-    return sql
 
 
 #: Columns bound per row of ``insert_many()``'s statement on SQLite.
