@@ -10,7 +10,9 @@ and table; the parent hands out chunks of ``--chunk`` transactions of one kind t
 order of (tree, kind) reversed every other round, so both trees see the same load of a shared machine.
 Each transaction creates one ``Order`` and then, by kind: nothing (``plain``), one hand-written ``INSERT``
 into the minimal table (``floor``, the target's reference), one ``send()`` (``one``), one ``send()`` with
-``OUTBOX["NOTIFY"] = False`` (``quiet``), or ``send_many()`` of 100 (``many``). The figures are medians of
+``OUTBOX["NOTIFY"] = False`` (``quiet``), or ``send_many()`` of 100 (``many``); ``call`` times only the
+``send()`` call inside its transaction, which leaves the commit's noise out, ``floor_call`` the floor's
+``INSERT`` likewise. The figures are medians of
 the repetitions' median times, and the ratios (``one`` to ``floor``, ``many`` to ``one``) medians of the
 repetitions' ratios, each tree against its own references of the same repetition.
 """
@@ -29,7 +31,7 @@ from pathlib import Path
 from typing import Any
 
 ROOT = Path(__file__).resolve().parent.parent
-KINDS = ("plain", "floor", "one", "quiet", "many")
+KINDS = ("plain", "floor", "one", "quiet", "many", "call", "floor_call")
 
 
 def child() -> None:
@@ -60,6 +62,15 @@ def child() -> None:
                     cursor.execute(INSERT_ONE, [json.dumps(payload)])
             elif kind == "many":
                 outbox.send_many([{"topic": "bench.noop", "payload": {**payload, "n": n}} for n in range(100)])
+            elif kind == "call":  # the send() call alone, inside the transaction: no commit in the figure
+                started = time.perf_counter()
+                outbox.send("bench.noop", payload)
+                return time.perf_counter() - started
+            elif kind == "floor_call":  # the floor's INSERT alone, likewise
+                started = time.perf_counter()
+                with connection.cursor() as cursor:
+                    cursor.execute(INSERT_ONE, [json.dumps(payload)])
+                return time.perf_counter() - started
         return time.perf_counter() - started
 
     for kind in KINDS:  # warm-up: connection, caches, plans
@@ -145,6 +156,8 @@ def main() -> int:
                     result[name]["one_vs_floor"] = us["one"] / us["floor"]
                 if "quiet" in us and "floor" in us:
                     result[name]["quiet_vs_floor"] = us["quiet"] / us["floor"]
+                if "call" in us and "floor_call" in us:
+                    result[name]["call_vs_floor_call"] = us["call"] / us["floor_call"]
                 if "many" in us and "one" in us:
                     result[name]["many_vs_one"] = us["many"] / us["one"]
             reps.append(result)
@@ -156,9 +169,10 @@ def main() -> int:
             proc.wait()
     medians = {name: {key: statistics.median(r[name][key] for r in reps) for key in reps[0][name]} for name in trees}
     for name in trees:
-        if "one_us" in medians["base"]:
-            paired = [r[name]["one_us"] / r["base"]["one_us"] for r in reps]
-            medians[name]["paired_one_vs_base"] = statistics.median(paired)
+        for kind in ("one", "call", "many"):
+            if f"{kind}_us" in medians["base"]:
+                paired = [r[name][f"{kind}_us"] / r["base"][f"{kind}_us"] for r in reps]
+                medians[name][f"paired_{kind}_vs_base"] = statistics.median(paired)
     print("medians:")
     for name, values in medians.items():
         print(f"  {name}: " + ", ".join(f"{k} {v:.3f}" if "_vs_" in k else f"{k} {v:.0f}" for k, v in values.items()))

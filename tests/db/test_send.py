@@ -254,6 +254,21 @@ def test_without_time_zones_delays_and_far_times_are_checked_too():
         outbox.send("orders.created", {"n": 3}, available_at=dt.datetime.max)
 
 
+@pytest.mark.django_db
+@pytest.mark.parametrize("use_tz", [True, False], ids=["aware", "naive"])
+@pytest.mark.parametrize("schedule", [{}, {"delay": 90}, {"key": "k-times"}])
+def test_returned_times_equal_the_stored_row_in_any_time_zone(handler, use_tz, schedule):
+    """send() reads the server's created_at back as text (cheaper than the cursor's time-zone loader): it must
+    read as Django's own loader does, aware UTC or, without USE_TZ, naive wall time in a zone away from UTC."""
+    handler("t.times", lambda m: None)
+    with override_settings(USE_TZ=use_tz, TIME_ZONE="Asia/Kolkata"), transaction.atomic():
+        sent = outbox.send("t.times", {"n": 1}, **schedule)
+        stored = Message.objects.get(pk=sent.pk)
+        assert (sent.created_at, sent.available_at) == (stored.created_at, stored.available_at)
+        assert timezone.is_naive(sent.created_at) is not use_tz
+        assert abs(sent.created_at - timezone.now()) < dt.timedelta(minutes=1)
+
+
 # --- the returned message --------------------------------------------------------------------------------
 # send() builds the returned Message from what it wrote; it must equal the row read back.
 
