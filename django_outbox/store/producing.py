@@ -23,8 +23,8 @@ from .models import Message
 from .rows import ATTNAMES, COLUMNS, instance_builder, to_message, to_messages
 
 
-# Not frozen: a frozen dataclass sets each field through object.__setattr__, 1.9 µs per message against
-# 0.6 (send_many() builds one per item); nothing changes one after _prepare() built it.
+# Not frozen: a frozen dataclass sets each field through object.__setattr__, 1.3 µs per message against
+# 0.45 (send_many() builds one per item); nothing changes one after _prepare() built it.
 @dataclass(kw_only=True, slots=True)
 class NewMessage:
     uuid: uuid_module.UUID
@@ -222,8 +222,8 @@ def _insert_sql(pg: bool, *, keyed: bool, idempotent: bool, notify: bool, schedu
     # Unkeyed: a plain VALUES row, which PostgreSQL parses and plans faster than a SELECT over nothing.
     source = f" SELECT {values}{lock_first}" if lock_first else f" VALUES ({values})"
     # The NOTIFY rides in the RETURNING list: evaluated once per row written, so not at all when ON
-    # CONFLICT skipped the row, and with no CTE around the INSERT to parse and plan (about 45 µs of a
-    # send(), docs/performance.md).
+    # CONFLICT skipped the row, and with no CTE around the INSERT to parse and plan (docs/performance.md,
+    # "What each change bought").
     wake = ", pg_notify(%s, '')" if notify else ""
     return (
         f"INSERT INTO {MESSAGE} (uuid, topic, key, payload, headers, idempotency_key, status, attempts,"
@@ -539,7 +539,7 @@ def _read_text_time(text: str) -> dt.datetime:
 
 def _as_read(value: dt.datetime) -> dt.datetime:
     """A time as the database hands it back: in UTC, or naive in ``TIME_ZONE`` under ``USE_TZ = False``."""
-    return value.astimezone(dt.UTC) if settings.USE_TZ else value.replace(tzinfo=None)
+    return value.astimezone(dt.UTC) if settings.USE_TZ else value
 
 
 def _new_message(
