@@ -61,7 +61,18 @@ def insert(alias: str, new: NewMessage, *, notify: str | None = None) -> tuple[M
                 return _insert_mysql(alias, conn, new)
         return _insert_mysql(alias, conn, new)
     pg = is_pg(conn)
-    params = _row_params(conn, new)
+    keyed, idempotent, headed = new.key is not None, new.idempotency_key is not None, new.headers_json != "{}"
+    # What every message of the statement's shape has (no key, no idempotency key, no headers) is written
+    # into its text, not bound: each bound value cost psycopg a quoting and the server a parse.
+    params: list[Any] = [prep_uuid(conn, new.uuid), new.topic]
+    if keyed:
+        params.append(new.key)
+    params.append(new.payload_json)
+    if headed:
+        params.append(new.headers_json)
+    if idempotent:
+        params.append(new.idempotency_key)
+    params.append(new.max_attempts)
     # PostgreSQL: created at the server's now, and due at it plus the delay unless a time was given.
     schedule: _Schedule = "given"
     if not pg:
@@ -73,14 +84,12 @@ def insert(alias: str, new: NewMessage, *, notify: str | None = None) -> tuple[M
         params.append(float(new.delay_seconds))
     else:
         schedule = "now"
-    if pg and new.key is not None:
+    if pg and keyed:
         params.append(new.key)  # the key's lock, taken before the row's id (see _insert_sql)
     notifying = notify is not None and pg
     if notifying:
         params.append(notify)
-    sql = _insert_sql(
-        pg, keyed=new.key is not None, idempotent=new.idempotency_key is not None, notify=notifying, schedule=schedule
-    )
+    sql = _insert_sql(pg, keyed=keyed, idempotent=idempotent, notify=notifying, schedule=schedule, headers=headed)
     with conn.cursor() as cursor:
         for _ in range(_INSERT_TRIES):
             cursor.execute(sql, params)
@@ -189,7 +198,9 @@ KEY_LOCK_CLASS = 0x6F757462
 
 
 @functools.cache
-def _insert_sql(pg: bool, *, keyed: bool, idempotent: bool, notify: bool, schedule: _Schedule = "given") -> str:
+def _insert_sql(
+    pg: bool, *, keyed: bool, idempotent: bool, notify: bool, schedule: _Schedule = "given", headers: bool = True
+) -> str:
     # PostgreSQL, keyed messages: the row is projected over a subquery that takes the key's advisory lock
     # for the rest of the transaction, so the lock comes before the identity default gives the row its
     # id. A second sender of the key waits there until the first transaction ends: a key's ids are taken
@@ -218,7 +229,11 @@ def _insert_sql(pg: bool, *, keyed: bool, idempotent: bool, notify: bool, schedu
         times, returning = f"{available}, statement_timestamp()", "id, created_at::text"
         if schedule == "delay":
             returning += ", available_at"
-    values = f"%s, %s, %s, {jsonb}, {jsonb}, %s, '{PENDING}', 0, %s, {times}, ''"
+    # The key, headers and idempotency key are bound only where the shape has them (insert()).
+    key = "%s" if keyed else "NULL"
+    header_values = jsonb if headers else ("'{}'::jsonb" if pg else "'{}'")
+    idempotency_key = "%s" if idempotent else "NULL"
+    values = f"%s, %s, {key}, {jsonb}, {header_values}, {idempotency_key}, '{PENDING}', 0, %s, {times}, ''"
     # Unkeyed: a plain VALUES row, which PostgreSQL parses and plans faster than a SELECT over nothing.
     source = f" SELECT {values}{lock_first}" if lock_first else f" VALUES ({values})"
     # The NOTIFY rides in the RETURNING list: evaluated once per row written, so not at all when ON
