@@ -219,6 +219,20 @@ def test_payload_over_the_limit_is_refused():
     assert Message.objects.count() == 1
 
 
+def test_the_smallest_accepted_limit_takes_the_smallest_payload_without_headers():
+    """MAX_PAYLOAD_BYTES = 1 is accepted (the checks' minimum), so a 1-byte payload must go: absent headers
+    are stored as {}, which is not the caller's and must not count against the limit (hypothesis found
+    it in test_check_properties: "the headers are 2 bytes as JSON")."""
+    with override_settings(OUTBOX={"MAX_PAYLOAD_BYTES": 1}):
+        assert outbox.send("probe.created", 1).payload == 1
+        assert [m.payload for m in outbox.send_many([{"topic": "probe.created", "payload": 2}])] == [2]
+        with pytest.raises(PayloadTooLargeError, match="MAX_PAYLOAD_BYTES"):
+            outbox.send("probe.created", 12)
+        with pytest.raises(PayloadTooLargeError, match="headers"):
+            outbox.send("probe.created", 1, headers={"h": "v"})
+    assert Message.objects.count() == 2
+
+
 @pytest.mark.django_db(transaction=True, databases=["default", "other"])
 def test_using_writes_in_that_databases_transaction():
     with transaction.atomic(using="other"):
