@@ -77,12 +77,12 @@ def main() -> int:
     worker = threading.Thread(target=relay.run, daemon=True)
     worker.start()
     time.sleep(2)  # the listener connected
-    sql = _insert_sql(True, keyed=False, idempotent=False, notify=True, schedule="now")
+    sql = _insert_sql(True, keyed=False, idempotent=False, notify=True, schedule="now", headers=False)
     ms: dict[bool, list[float]] = {True: [], False: []}
     with psycopg.connect(os.environ["DATABASE_URL"]) as sender:
         for n in range(args.messages):
             walk["on"] = (True, False, False, True)[n % 4]
-            sender.execute(sql, [uuid.uuid4(), TOPIC, None, f'{{"n": {n}}}', "{}", None, 5, "django_outbox"])
+            sender.execute(sql, [uuid.uuid4(), TOPIC, f'{{"n": {n}}}', 5, "django_outbox"])
             came.clear()
             sender.commit()
             committed = time.time()

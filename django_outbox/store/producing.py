@@ -3,13 +3,12 @@
 from __future__ import annotations
 
 import contextlib
-import dataclasses
 import datetime as dt
 import functools
 import json
 import sqlite3
 import uuid as uuid_module
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
 from json.encoder import encode_basestring_ascii
 from typing import Any, Literal
@@ -24,7 +23,9 @@ from .models import Message
 from .rows import ATTNAMES, COLUMNS, instance_builder, to_message, to_messages
 
 
-@dataclass(frozen=True, kw_only=True, slots=True)
+# Not frozen: a frozen dataclass sets each field through object.__setattr__, 1.3 µs per message against
+# 0.45 (send_many() builds one per item); nothing changes one after _prepare() built it.
+@dataclass(kw_only=True, slots=True)
 class NewMessage:
     uuid: uuid_module.UUID
     topic: str
@@ -60,7 +61,18 @@ def insert(alias: str, new: NewMessage, *, notify: str | None = None) -> tuple[M
                 return _insert_mysql(alias, conn, new)
         return _insert_mysql(alias, conn, new)
     pg = is_pg(conn)
-    params = _row_params(conn, new)
+    keyed, idempotent, headed = new.key is not None, new.idempotency_key is not None, new.headers_json != "{}"
+    # What every message of the statement's shape has (no key, no idempotency key, no headers) is written
+    # into its text, not bound: each bound value cost psycopg a quoting and the server a parse.
+    params: list[Any] = [prep_uuid(conn, new.uuid), new.topic]
+    if keyed:
+        params.append(new.key)
+    params.append(new.payload_json)
+    if headed:
+        params.append(new.headers_json)
+    if idempotent:
+        params.append(new.idempotency_key)
+    params.append(new.max_attempts)
     # PostgreSQL: created at the server's now, and due at it plus the delay unless a time was given.
     schedule: _Schedule = "given"
     if not pg:
@@ -72,14 +84,12 @@ def insert(alias: str, new: NewMessage, *, notify: str | None = None) -> tuple[M
         params.append(float(new.delay_seconds))
     else:
         schedule = "now"
-    if pg and new.key is not None:
+    if pg and keyed:
         params.append(new.key)  # the key's lock, taken before the row's id (see _insert_sql)
     notifying = notify is not None and pg
     if notifying:
         params.append(notify)
-    sql = _insert_sql(
-        pg, keyed=new.key is not None, idempotent=new.idempotency_key is not None, notify=notifying, schedule=schedule
-    )
+    sql = _insert_sql(pg, keyed=keyed, idempotent=idempotent, notify=notifying, schedule=schedule, headers=headed)
     with conn.cursor() as cursor:
         for _ in range(_INSERT_TRIES):
             cursor.execute(sql, params)
@@ -98,9 +108,12 @@ def insert(alias: str, new: NewMessage, *, notify: str | None = None) -> tuple[M
                 "times while this message was written; send again"
             )
     if pg:  # the times the server gave the row: created_at, then available_at when it was computed too
-        created_at = row[1]
-        available_at = row[2] if schedule == "delay" else created_at if schedule == "now" else new.available_at
-        new = dataclasses.replace(new, created_at=created_at, available_at=available_at)
+        created_at = _read_text_time(row[1])
+        if schedule == "delay":
+            available_at = _as_read(row[2])
+        else:
+            available_at = created_at if schedule == "now" else _as_read(new.available_at)
+        return _new_message(alias, int(row[0]), new, times=(created_at, available_at)), True
     return _new_message(alias, int(row[0]), new), True
 
 
@@ -166,8 +179,8 @@ def _insert_mysql(alias: str, conn: Any, new: NewMessage, *, checked: bool = Fal
             "times while this message was written; send again"
         )
     if server_times:
-        created_at, available_at = (value.replace(tzinfo=dt.UTC) for value in row[1:3])
-        new = dataclasses.replace(new, created_at=created_at, available_at=available_at)
+        created_at, available_at = (_as_read(value.replace(tzinfo=dt.UTC)) for value in row[1:3])
+        return _new_message(alias, int(row[0]), new, times=(created_at, available_at)), True
     return _new_message(alias, int(row[0]), new), True
 
 
@@ -185,7 +198,9 @@ KEY_LOCK_CLASS = 0x6F757462
 
 
 @functools.cache
-def _insert_sql(pg: bool, *, keyed: bool, idempotent: bool, notify: bool, schedule: _Schedule = "given") -> str:
+def _insert_sql(
+    pg: bool, *, keyed: bool, idempotent: bool, notify: bool, schedule: _Schedule = "given", headers: bool = True
+) -> str:
     # PostgreSQL, keyed messages: the row is projected over a subquery that takes the key's advisory lock
     # for the rest of the transaction, so the lock comes before the identity default gives the row its
     # id. A second sender of the key waits there until the first transaction ends: a key's ids are taken
@@ -207,18 +222,28 @@ def _insert_sql(pg: bool, *, keyed: bool, idempotent: bool, notify: bool, schedu
             "now": "statement_timestamp()",
             "delay": f"LEAST(statement_timestamp() + %s * interval '1 second', {_LAST_PYTHON_TIME})",
         }[schedule]
-        times, returning = f"{available}, statement_timestamp()", "id, created_at"
+        # created_at as text: a timestamptz column has psycopg build Django's time-zone loader for the
+        # cursor, about 20 µs of every send(); the text (ISO, as psycopg itself requires) parses in 1.
+        # Not available_at, which can lie at the edge of year 9999, where the text of a zone east of
+        # UTC would read 10000.
+        times, returning = f"{available}, statement_timestamp()", "id, created_at::text"
         if schedule == "delay":
             returning += ", available_at"
-    sql = (
+    # The key, headers and idempotency key are bound only where the shape has them (insert()).
+    key = "%s" if keyed else "NULL"
+    header_values = jsonb if headers else ("'{}'::jsonb" if pg else "'{}'")
+    idempotency_key = "%s" if idempotent else "NULL"
+    values = f"%s, %s, {key}, {jsonb}, {header_values}, {idempotency_key}, '{PENDING}', 0, %s, {times}, ''"
+    # Unkeyed: a plain VALUES row, which PostgreSQL parses and plans faster than a SELECT over nothing.
+    source = f" SELECT {values}{lock_first}" if lock_first else f" VALUES ({values})"
+    # The NOTIFY rides in the RETURNING list: evaluated once per row written, so not at all when ON
+    # CONFLICT skipped the row, and with no CTE around the INSERT to parse and plan (docs/performance.md,
+    # "What each change bought").
+    wake = ", pg_notify(%s, '')" if notify else ""
+    return (
         f"INSERT INTO {MESSAGE} (uuid, topic, key, payload, headers, idempotency_key, status, attempts,"
-        f" max_attempts, available_at, created_at, last_error)"
-        f" SELECT %s, %s, %s, {jsonb}, {jsonb}, %s, '{PENDING}', 0, %s, {times}, ''{lock_first}{conflict}"
-        f" RETURNING {returning}"
+        f" max_attempts, available_at, created_at, last_error){source}{conflict} RETURNING {returning}{wake}"
     )
-    if notify:
-        sql = f"WITH m AS ({sql}) SELECT {returning}, pg_notify(%s, '') FROM m"
-    return sql
 
 
 #: Columns bound per row of ``insert_many()``'s statement on SQLite.
@@ -310,41 +335,54 @@ def _insert_many(
     check: Callable[[Message, NewMessage], Exception | None],
 ) -> list[tuple[Message, bool]]:
     news = [new for chunk in statements for new in chunk]
-    results: dict[uuid_module.UUID, tuple[Message, bool]] = {}
+    # By the item's place in the batch: a uuid as the key cost a hash in Python per item and lookup.
+    results: list[tuple[Message, bool] | None] = [None] * len(news)
     build = instance_builder(alias)
+    offset = 0
     with conn.cursor() as cursor:
         for chunk in statements:
             sql, params = _insert_many_sql(conn, pg, chunk, notify)
             cursor.execute(sql, params)
             rows = cursor.fetchall()
-            written = {_as_uuid(row[0]): row for row in rows}
+            if pg and not any(new.idempotency_key is not None for new in chunk):
+                # Every row was written, and PostgreSQL hands them back in id order, which is the
+                # batch's (_insert_many_pg_sql): no uuid to read back and match.
+                if len(rows) != len(chunk):  # pragma: no cover - only if the statement lost its ORDER BY
+                    raise RuntimeError(f"outbox.send_many(): {len(chunk)} rows sent, {len(rows)} written")
+                matched: Iterable[tuple[NewMessage, Any]] = zip(chunk, rows, strict=True)
+            else:
+                written = {_as_uuid(row[0]): row for row in rows}
+                matched = ((new, written.get(new.uuid)) for new in chunk)
             # PostgreSQL: the server's times, as for send(); the statement's one created_at comes in
             # the first row only, and available_at only where it differs (fewer values to convert).
             created_at = next((row[3] for row in rows if row[3] is not None), None) if pg else None
             # converted once for the statement: most rows are due at their creation
             created_read = _as_read(created_at) if created_at is not None else None
-            for new in chunk:
-                row = written.get(new.uuid)
+            for place, (new, row) in enumerate(matched, offset):
                 if row is not None:
                     times = None
                     if created_read is not None:
                         times = (created_read, _as_read(row[2]) if row[2] is not None else created_read)
-                    results[new.uuid] = (_new_message(alias, int(row[1]), new, build, times), True)
-        skipped = [new for new in news if new.uuid not in results]
+                    results[place] = (_new_message(alias, int(row[1]), new, build, times), True)
+            offset += len(chunk)
+        skipped = [place for place, result in enumerate(results) if result is None]
         if skipped:
-            keys = [new.idempotency_key for new in skipped]
+            keys = [news[place].idempotency_key for place in skipped]
             where = "idempotency_key = ANY(%s)" if pg else "idempotency_key IN (SELECT value FROM json_each(%s))"
             cursor.execute(f"SELECT {COLUMNS} FROM {MESSAGE} WHERE {where}", [keys if pg else json.dumps(keys)])
             stored = {message.idempotency_key: message for message in to_messages(alias, conn, cursor.fetchall())}
-            for new in skipped:
+            for place in skipped:
+                new = news[place]
                 holder = stored.get(new.idempotency_key)
                 if holder is None:
                     raise _HolderVanished
                 error = check(holder, new)
                 if error is not None:
                     raise error
-                results[new.uuid] = (holder, False)
-    return [results[new.uuid] for new in news]
+                results[place] = (holder, False)
+    if None in results:  # pragma: no cover - every place is written or held by its key's message
+        raise RuntimeError("outbox.send_many(): an item was neither written nor found")
+    return results  # type: ignore[return-value]  # no None left
 
 
 def _insert_many_mysql(
@@ -498,10 +536,20 @@ def _insert_many_pg_sql(*, keyed: bool, idempotent: bool, notify: bool) -> str:
         )
     # An uncorrelated subquery for the NOTIFY: evaluated once, and only if a row was written.
     wake = ", (SELECT pg_notify(%s, ''))" if notify else ""
+    # Without idempotency keys every row is written, and the rows come back in id order, which is the
+    # batch's: _insert_many() pairs them with the items by position, without reading the uuids back.
+    uuid, order = ("m.uuid", "") if idempotent else ("NULL::uuid", " ORDER BY m.id")
     return (
-        f"WITH {batch}{ids}, m AS ({insert}) SELECT m.uuid, m.id, NULLIF(m.available_at, m.created_at),"
-        f" CASE WHEN row_number() OVER () = 1 THEN m.created_at END{wake} FROM m"
+        f"WITH {batch}{ids}, m AS ({insert}) SELECT {uuid}, m.id, NULLIF(m.available_at, m.created_at),"
+        f" CASE WHEN row_number() OVER () = 1 THEN m.created_at END{wake} FROM m{order}"
     )
+
+
+def _read_text_time(text: str) -> dt.datetime:
+    """A ``timestamptz`` the server wrote as text, as Django's loader would have read it: in UTC, or
+    under ``USE_TZ = False`` the wall time of the session's zone (``TIME_ZONE``), naive."""
+    value = dt.datetime.fromisoformat(text)
+    return value.astimezone(dt.UTC) if settings.USE_TZ else value.replace(tzinfo=None)
 
 
 def _as_read(value: dt.datetime) -> dt.datetime:
@@ -520,22 +568,53 @@ def _new_message(
     """The row just inserted, built from what was sent rather than read back: ``RETURNING`` every column
     and converting it cost about 80 µs per ``send()`` (docs/performance.md). JSON is decoded from the
     text written, and times are in UTC, so it equals what a read from the database returns."""
-    values = {
-        "id": message_id,
-        "uuid": new.uuid,
-        "topic": new.topic,
-        "key": new.key,
-        "payload": json.loads(new.payload_json),
-        "headers": {} if new.headers_json == "{}" else json.loads(new.headers_json),
-        "idempotency_key": new.idempotency_key,
-        "status": PENDING,
-        "attempts": 0,
-        "max_attempts": new.max_attempts,
-        "available_at": _as_read(new.available_at) if times is None else times[1],
-        "created_at": _as_read(new.created_at) if times is None else times[0],
-        "delivered_at": None,
-        "locked_by": None,
-        "locked_until": None,
-        "last_error": "",
-    }
-    return (build or instance_builder(alias))([values[name] for name in ATTNAMES])
+    if times is None:
+        times = (_as_read(new.created_at), _as_read(new.available_at))
+    headers = new.headers_json
+    values = [  # in the order of _NEW_ROW_FIELDS, which is ATTNAMES'
+        message_id,
+        new.uuid,
+        new.topic,
+        new.key,
+        _decode(new.payload_json, 0)[0],
+        {} if headers == "{}" else _decode(headers, 0)[0],
+        new.idempotency_key,
+        PENDING,
+        0,
+        new.max_attempts,
+        times[1],
+        times[0],
+        None,
+        None,
+        None,
+        "",
+    ]
+    return (build or instance_builder(alias))(values)
+
+
+#: ``json.loads()`` without its wrapper (the stray whitespace and trailing data it refuses, which the
+#: encoder's own text never holds): the scanner ``json.loads()`` itself shares between threads. 0.7 µs a
+#: payload against 2.0, paid once per message sent.
+_decode: Callable[[str, int], tuple[Any, int]] = json.JSONDecoder().scan_once  # type: ignore[attr-defined]
+
+#: The fields of ``_new_message()``'s list, by position: a list is built faster than a dict then a list.
+_NEW_ROW_FIELDS = (
+    "id",
+    "uuid",
+    "topic",
+    "key",
+    "payload",
+    "headers",
+    "idempotency_key",
+    "status",
+    "attempts",
+    "max_attempts",
+    "available_at",
+    "created_at",
+    "delivered_at",
+    "locked_by",
+    "locked_until",
+    "last_error",
+)
+if list(_NEW_ROW_FIELDS) != ATTNAMES:  # pragma: no cover - a field added to Message without updating this
+    raise ImportError(f"_new_message() builds {_NEW_ROW_FIELDS}, Message has {ATTNAMES}")

@@ -219,6 +219,20 @@ def test_payload_over_the_limit_is_refused():
     assert Message.objects.count() == 1
 
 
+def test_the_smallest_accepted_limit_takes_the_smallest_payload_without_headers():
+    """MAX_PAYLOAD_BYTES = 1 is accepted (the checks' minimum), so a 1-byte payload must go: absent headers
+    are stored as {}, which is not the caller's and must not count against the limit (hypothesis found
+    it in test_check_properties: "the headers are 2 bytes as JSON")."""
+    with override_settings(OUTBOX={"MAX_PAYLOAD_BYTES": 1}):
+        assert outbox.send("probe.created", 1).payload == 1
+        assert [m.payload for m in outbox.send_many([{"topic": "probe.created", "payload": 2}])] == [2]
+        with pytest.raises(PayloadTooLargeError, match="MAX_PAYLOAD_BYTES"):
+            outbox.send("probe.created", 12)
+        with pytest.raises(PayloadTooLargeError, match="headers"):
+            outbox.send("probe.created", 1, headers={"h": "v"})
+    assert Message.objects.count() == 2
+
+
 @pytest.mark.django_db(transaction=True, databases=["default", "other"])
 def test_using_writes_in_that_databases_transaction():
     with transaction.atomic(using="other"):
@@ -252,6 +266,21 @@ def test_without_time_zones_delays_and_far_times_are_checked_too():
         outbox.send("orders.created", {"n": 2}, delay=dt.timedelta(days=365 * 9000))
     with pytest.raises(ValueError, match="9999"):
         outbox.send("orders.created", {"n": 3}, available_at=dt.datetime.max)
+
+
+@pytest.mark.django_db
+@pytest.mark.parametrize("use_tz", [True, False], ids=["aware", "naive"])
+@pytest.mark.parametrize("schedule", [{}, {"delay": 90}, {"key": "k-times"}])
+def test_returned_times_equal_the_stored_row_in_any_time_zone(handler, use_tz, schedule):
+    """send() reads the server's created_at back as text (cheaper than the cursor's time-zone loader): it must
+    read as Django's own loader does, aware UTC or, without USE_TZ, naive wall time in a zone away from UTC."""
+    handler("t.times", lambda m: None)
+    with override_settings(USE_TZ=use_tz, TIME_ZONE="Asia/Kolkata"), transaction.atomic():
+        sent = outbox.send("t.times", {"n": 1}, **schedule)
+        stored = Message.objects.get(pk=sent.pk)
+        assert (sent.created_at, sent.available_at) == (stored.created_at, stored.available_at)
+        assert timezone.is_naive(sent.created_at) is not use_tz
+        assert abs(sent.created_at - timezone.now()) < dt.timedelta(minutes=1)
 
 
 # --- the returned message --------------------------------------------------------------------------------
