@@ -10,7 +10,7 @@ from __future__ import annotations
 import collections
 import datetime as dt
 from dataclasses import asdict, dataclass, field
-from typing import Any, TypeAlias
+from typing import Any
 
 from django.db import connections
 from django.db.models import (
@@ -25,7 +25,6 @@ from django.db.models import (
     QuerySet,
     Subquery,
 )
-from django.db.models.expressions import RawSQL
 from django.db.models.functions import TruncMinute
 
 from .. import store
@@ -234,10 +233,6 @@ def gauges(using: str = "default", *, stale_after: float = STALE_AFTER_SECONDS) 
     )
 
 
-#: "An earlier message of this row's key holds it back", as each vendor asks it (``_behind_their_key``).
-HeldBehindKey: TypeAlias = "Exists | ExpressionWrapper[Any] | RawSQL"
-
-
 @dataclass(frozen=True, kw_only=True, slots=True)
 class DueHead:
     """What one bounded walk of the due messages, oldest first, tells: the lag's start and what is held."""
@@ -247,7 +242,7 @@ class DueHead:
     held: Tally  # due messages held behind an earlier message of their key
 
 
-def _due_head(due: QuerySet[Message], behind: HeldBehindKey, *, cap: int | None = None) -> DueHead:
+def _due_head(due: QuerySet[Message], behind: Exists | ExpressionWrapper[Any], *, cap: int | None = None) -> DueHead:
     """The lag's start and the held-by-key count, from the ``cap + 1`` (``DUE_WINDOW``) oldest due messages.
 
     The statement walks the due index oldest first, probes each message's key once (an index lookup on
@@ -273,32 +268,23 @@ def _due_head(due: QuerySet[Message], behind: HeldBehindKey, *, cap: int | None 
     return DueHead(oldest=row["newest"], oldest_exact=False, held=held)
 
 
-def _held_by_key(due: QuerySet[Message], behind: HeldBehindKey, *, cap: int | None = None) -> Tally:
+def _held_by_key(due: QuerySet[Message], behind: Exists | ExpressionWrapper[Any], *, cap: int | None = None) -> Tally:
     """Due keyed messages held behind their key, among the ``cap + 1`` oldest due ones (see ``_due_head``)."""
     return _due_head(due, behind, cap=cap).held
 
 
-def _behind_their_key(messages: QuerySet[Message]) -> HeldBehindKey:
+def _behind_their_key(messages: QuerySet[Message]) -> Exists | ExpressionWrapper[Any]:
     """A keyed message with an earlier message of its key that holds it back: the claim's own rule.
 
     On PostgreSQL asked as the claim asks it (``store.claiming``): is the key's head, the first open row
     of the key in the index of open keyed rows, another message? ``key >= outer key`` ordered by key and
     id is an order only that index gives; an ``EXISTS`` on ``key = outer key AND id < outer id`` let the
-    planner walk the primary key through every delivered row, for each key, with few distinct keys. On
-    MariaDB/MySQL the claim's probe too (``store.mysql.held_behind_key``): there a dependent subquery's
-    ``status IN (...)`` walked every index entry of the key, delivered ones included, and the planner
-    preferred the status index for a probe per status unless the statement names the index.
+    planner walk the primary key through every delivered row, for each key, with few distinct keys.
     """
     from ..store import blocking_statuses
 
-    vendor = connections[messages.db].vendor
-    if vendor == "mysql":  # the claim's own probe there, on the index it names
-        from ..store.db import MESSAGE
-        from ..store.mysql import held_behind_key
-
-        return RawSQL(held_behind_key(MESSAGE, blocking_statuses()), [], output_field=BooleanField())
     open_rows = messages.filter(status__in=blocking_statuses())
-    if vendor != "postgresql":
+    if connections[messages.db].vendor != "postgresql":
         return Exists(open_rows.filter(key=OuterRef("key"), id__lt=OuterRef("id")).values("id"))
     head = open_rows.filter(key__gte=OuterRef("key")).order_by("key", "id").values("id")[:1]
     return ExpressionWrapper(Q(key__isnull=False) & ~Q(id=Subquery(head)), output_field=BooleanField())

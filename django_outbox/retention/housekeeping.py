@@ -233,12 +233,12 @@ def _batches(
             return False
 
 
-def _finished_sql(limit_sql: str, *, order: str = "created_at") -> str:
+def _finished_sql(limit_sql: str) -> str:
     # created_at bounds the walk of the partial index; what must be old is when the message became final:
     # delivered_at, or for a cancelled message its available_at, which the cancel set to its own time.
     return (
         f"SELECT id FROM {MESSAGE} WHERE status IN (%s, %s) AND created_at < %s"
-        f" AND COALESCE(delivered_at, available_at) < %s ORDER BY {order} {limit_sql}"
+        f" AND COALESCE(delivered_at, available_at) < %s ORDER BY created_at {limit_sql}"
     )
 
 
@@ -276,12 +276,10 @@ def _batch_sqlite(conn: BaseDatabaseWrapper, cutoff: dt.datetime, batch_size: in
 def _batch_mysql(conn: BaseDatabaseWrapper, cutoff: dt.datetime, batch_size: int, archive: dt.datetime | None) -> int:
     """MariaDB/MySQL: the batch's ids first, locked with ``SKIP LOCKED`` (concurrent rounds share the work
     out); an ``IN`` subquery with ``LIMIT`` is refused there, and a statement may not read the table it
-    deletes from. Oldest first within each status: ``(status, created_at)`` is the order of the finished
-    index there (migration 0010), which holds every row, so the walk reads finished rows only and needs
-    no sort (a ``SKIP LOCKED`` statement locks what it reads)."""
+    deletes from."""
     with transaction.atomic(using=conn.alias), conn.cursor() as cursor:
         cursor.execute(
-            _finished_sql("LIMIT %s FOR UPDATE SKIP LOCKED", order="status, created_at"),
+            _finished_sql("LIMIT %s FOR UPDATE SKIP LOCKED"),
             [DELIVERED, CANCELLED, prep_dt(conn, cutoff), prep_dt(conn, cutoff), batch_size],
         )
         ids = [row[0] for row in cursor.fetchall()]

@@ -149,30 +149,6 @@ def stored_by_idempotency_key(conn: BaseDatabaseWrapper, key: str) -> tuple[Any,
         return row
 
 
-#: The index of open keyed rows, ``(key, status, id)`` here (migration 0010).
-KEY_OPEN_INDEX = "outbox_msg_key_open_idx"
-
-
-def held_behind_key(outer: str, blocking: tuple[str, ...]) -> str:
-    """SQL: an earlier message of ``outer``'s key is open (one of the ``blocking`` statuses), so ``outer``
-    waits.
-
-    Per status, the key's first row of that status in the open keys' index ``(key, status, id)``
-    (migration 0010), read as one index entry (``ORDER BY id LIMIT 1`` after an equality on both), and
-    compared with ``outer``'s id. With ``status IN (...)`` in the dependent subquery MariaDB takes no
-    range on this index and walked every entry of the key, delivered history included (1.2 million a
-    claim, five keys behind 20,000 delivered); an ``EXISTS`` on ``id <`` ``outer``'s id per status still
-    read, for each key's head, the key's whole backlog of that status (100,000 entries a claim with five
-    keys of 20,000 pending, as many as the claim's own walk; now one per probe).
-    """
-    probes = [
-        f"COALESCE((SELECT b.id FROM {MESSAGE} AS b FORCE INDEX ({KEY_OPEN_INDEX}) WHERE b.key = {outer}.key"
-        f" AND b.status = {literal(status)} ORDER BY b.id LIMIT 1), {outer}.id) < {outer}.id"
-        for status in blocking
-    ]
-    return f"({' OR '.join(probes)})"
-
-
 def claim(
     alias: str,
     conn: BaseDatabaseWrapper,
@@ -196,7 +172,10 @@ def claim(
     else:  # the host's clock, as on SQLite
         host_now = timezone.now()
         now, now_params, clock = "%s", [prep_dt(conn, host_now)], ""
-    head = f"NOT {held_behind_key('c', blocking)}"
+    head = (
+        f"NOT EXISTS (SELECT 1 FROM {MESSAGE} AS b WHERE b.key = c.key AND b.id < c.id"
+        f" AND b.status IN ({', '.join(map(literal, blocking))}))"
+    )
     select = (
         f"SELECT {', '.join('c.' + c for c in COLUMN_NAMES)}{clock} FROM {MESSAGE} AS c"
         f" FORCE INDEX ({CLAIM_INDEX}) WHERE c.status = {literal(PENDING)} AND c.available_at <= {now}{topic_sql}"
@@ -241,7 +220,8 @@ def due_head_exists(conn: BaseDatabaseWrapper, topics: Any, blocking: tuple[str,
     with conn.cursor() as cursor:
         cursor.execute(
             f"SELECT 1 FROM {MESSAGE} AS c WHERE c.status = {literal(PENDING)} AND c.available_at <= {now}{topic_sql}"
-            f" AND (c.key IS NULL OR NOT {held_behind_key('c', blocking)}) LIMIT 1",
+            f" AND (c.key IS NULL OR NOT EXISTS (SELECT 1 FROM {MESSAGE} AS b WHERE b.key = c.key AND b.id < c.id"
+            f" AND b.status IN ({', '.join(map(literal, blocking))}))) LIMIT 1",
             [*now_params, *topic_params],
         )
         return cursor.fetchone() is not None
