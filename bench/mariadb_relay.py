@@ -29,6 +29,8 @@ from typing import Any
 from urllib.parse import urlparse
 
 TABLE = "bench_minimal_message"
+#: InnoDB's "Deadlock found when trying to get lock": the transaction was rolled back whole.
+ER_LOCK_DEADLOCK = 1213
 SOURCE = "django_outbox_message"
 COLUMNS = (
     "uuid, topic, `key`, payload, headers, idempotency_key, status, attempts, max_attempts, available_at,"
@@ -98,6 +100,8 @@ def main() -> None:
     parser.add_argument("--lease", type=float, default=60.0)
     parser.add_argument("--table", default=TABLE)
     args = parser.parse_args()
+    import MySQLdb
+
     stopping = False
 
     def stop(signum: int, frame: object) -> None:
@@ -122,7 +126,15 @@ def main() -> None:
                 continue
             ids = [r[0] for r in rows]
             marks = ", ".join(["%s"] * len(ids))
-            cursor.execute(LEASE.format(table=args.table, ids=marks), [me, lease, *ids])
+            try:
+                cursor.execute(LEASE.format(table=args.table, ids=marks), [me, lease, *ids])
+            except MySQLdb.OperationalError as exc:
+                if exc.args[0] != ER_LOCK_DEADLOCK:
+                    raise
+                # InnoDB rolled the claim back whole: nothing was leased, claim again (seen on the
+                # project's table, whose status-led indexes the lease rewrites, at two relays).
+                conn.rollback()
+                continue
             conn.commit()
             for row in rows:
                 handle(row)

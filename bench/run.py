@@ -420,14 +420,14 @@ def _mariadb_rows(m: dict[str, Any]) -> list[tuple[str, ...]]:
                 f">= 0.5x, aim 0.8x {_ok(d)}",
             )
         )
-        if "two_threads_per_s" in d:
+        if "one_thread_per_s" in d:
             rows.append(
                 (
-                    f"f. same, {processes} process, --concurrency 2",
-                    f"{d['two_threads_per_s']:,.0f} msg/s",
+                    f"f. same, {processes} process, --concurrency 1",
+                    f"{d['one_thread_per_s']:,.0f} msg/s",
                     "",
                     "",
-                    f"{d['ratio_two_threads']:.2f}x reference",
+                    f"{d['ratio_one_thread']:.2f}x reference",
                     "",
                 )
             )

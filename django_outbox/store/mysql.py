@@ -242,11 +242,18 @@ def next_due_seconds(conn: BaseDatabaseWrapper, topic_sql: str, topic_params: li
     return max(0.0, int(row[0]) / 1_000_000)
 
 
+#: ``locked_by``: non-NULL only on the rows in flight (every change away from ``processing`` clears it).
+LEASE_INDEX = "outbox_msg_lease_idx"
+
+
 def extend_leases(conn: BaseDatabaseWrapper, *, worker: str, lease_seconds: float) -> int:
+    """The heartbeat: this worker's leases, found on the lease index. On the ``(status, id)`` index the
+    planner preferred, the ``UPDATE`` read every worker's rows in flight to find its own."""
     now, now_params = now_sql(conn)
     with conn.cursor() as cursor:
         cursor.execute(
-            f"UPDATE {MESSAGE} SET locked_until = {now} + INTERVAL %s MICROSECOND WHERE locked_by = %s AND status = %s",
+            f"UPDATE {MESSAGE} FORCE INDEX ({LEASE_INDEX}) SET locked_until = {now} + INTERVAL %s MICROSECOND"
+            f" WHERE locked_by = %s AND status = %s",
             [*now_params, interval(lease_seconds), worker, PROCESSING],
         )
         return int(cursor.rowcount)

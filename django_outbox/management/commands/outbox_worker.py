@@ -67,7 +67,7 @@ class Command(BaseCommand):
         parser.add_argument(
             "--concurrency",
             type=_setting("CONCURRENCY", int),
-            help="Delivery threads (default OUTBOX['CONCURRENCY']: 2 on PostgreSQL, 1 on SQLite).",
+            help="Delivery threads (default OUTBOX['CONCURRENCY']: 2 on PostgreSQL and MariaDB/MySQL, 1 on SQLite).",
         )
         parser.add_argument(
             "--topics",
