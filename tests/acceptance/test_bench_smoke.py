@@ -133,10 +133,10 @@ def test_smoke_run_measures_mariadb(bench_dsn, bench_mariadb_dsn, tmp_path):
     maria = figures["mariadb"]
     assert "MariaDB" in maria["server"]
     rounds = maria["drain"]["by_processes"]["1"]["reps"]
-    systems = {"outbox", "outbox_two_threads", "reference", "same_table"}
+    systems = {"outbox", "outbox_one_thread", "reference", "same_table"}
     assert rounds and all(set(r) == systems and min(r.values()) > 0 for r in rounds)
     assert maria["send"]["send_us_per_tx"] > 0 and maria["send"]["floor_us_per_tx"] > 0
-    for row in ("f. MariaDB drain, 1 process(es)", "two-statement relay", "--concurrency 2", "f. MariaDB send()"):
+    for row in ("f. MariaDB drain, 1 process(es)", "two-statement relay", "--concurrency 1", "f. MariaDB send()"):
         assert row in run.stdout
 
 
