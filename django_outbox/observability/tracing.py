@@ -42,11 +42,39 @@ def _sender_context(message: Message) -> Any:
     return _propagator.extract(carrier) if TRACEPARENT in carrier else None
 
 
+def _has_trace_headers(message: Message) -> bool:
+    headers = message.headers
+    if not isinstance(headers, dict):
+        return True  # a row edited by hand: the span path decides what the call sees
+    return any(not isinstance(k, str) or k.lower() in (TRACEPARENT, TRACESTATE) for k in headers)
+
+
 class DeliveryTracer(Observer):
     def __init__(self) -> None:
         self.tracer = trace.get_tracer("django_outbox")
+        self._provider_set = False
+
+    def _spans_are_void(self, group: Sequence[Message]) -> bool:
+        """Whether a span of this group would change nothing: no tracer provider is configured (the API's
+        own proxy stands in, so every span is a no-op one), no span is active on this thread, and no
+        message carries a trace header for the span path to pass on or drop.
+
+        The no-op span path cost about a fifth of a worker process's CPU per message (``bench/cpu_split.py``,
+        docs/performance.md). A provider can be set once per process, at any time: the test runs per
+        group until one is, and never again after.
+        """
+        if self._provider_set:
+            return False
+        if not isinstance(trace.get_tracer_provider(), (trace.ProxyTracerProvider, trace.NoOpTracerProvider)):
+            self._provider_set = True
+            return False
+        if trace.get_current_span().get_span_context().is_valid:
+            return False
+        return not any(_has_trace_headers(m) for m in group)
 
     def wrap_delivery(self, group: Sequence[Message], transport: str, call: Delivery) -> Delivery:
+        if self._spans_are_void(group):
+            return call
         topics = {m.topic for m in group}
         topic = next(iter(topics)) if len(topics) == 1 else None
         attributes: dict[str, Any] = {
