@@ -73,6 +73,7 @@ def test_without_a_tracer_provider_the_call_runs_bare(no_tracer_provider, handle
     def call() -> list[BaseException | None]:
         return [None]
 
+    tracer.batch_started([plain, sent])
     assert tracer.wrap_delivery([plain], "handler", call) is call
     # A trace header is the span path's to pass on: the no-op span carries the sender's context.
     assert tracer.wrap_delivery([plain, sent], "handler", call) is not call
@@ -91,11 +92,18 @@ def test_an_active_span_or_a_provider_set_later_gets_the_span_path(no_tracer_pro
     def call() -> list[BaseException | None]:
         return [None]
 
+    tracer.batch_started([message])
     assert tracer.wrap_delivery([message], "handler", call) is call
     remote = trace.NonRecordingSpan(
         trace.SpanContext(trace_id=1, span_id=2, is_remote=True, trace_flags=trace.TraceFlags(1))
     )
     with trace.use_span(remote):
+        tracer.batch_started([message])
         assert tracer.wrap_delivery([message], "handler", call) is not call
+    tracer.batch_started([message])
+    assert tracer.wrap_delivery([message], "handler", call) is call
     monkeypatch.setattr(trace, "_TRACER_PROVIDER", TracerProvider())  # what set_tracer_provider() leaves
+    tracer.batch_started([message])
     assert tracer.wrap_delivery([message], "handler", call) is not call
+    # A tracer whose batches were never announced keeps the span path.
+    assert DeliveryTracer().wrap_delivery([message], "handler", call) is not call
