@@ -1,16 +1,17 @@
 """Where a drain's CPU goes on a small machine: worker processes against the PostgreSQL backends serving them.
 
     python bench/cpu_split.py [--dsn postgres://postgres@127.0.0.1:5432/bench_cpu] [--processes 1,2,4]
-        [--messages 5000] [--reps 3] [--tree PATH]
+        [--messages 20000] [--reps 3] [--tree NAME=PATH ...]
 
 On two cores, two or four worker processes, their backends and the harness share the machine, so the drain
 rate follows the CPU each message costs on both sides. For the outbox worker (``manage.py outbox_worker``
-of ``--tree``, batches of 100) and the minimal reference (``bench/minimal_relay.py`` on its minimal twin
-table), interleaved in the same run, each drain reads ``/proc/<pid>/stat`` (user + system time) of the
-worker processes and of every backend connected to the database, from just before the backlog is
-committed to when it is drained. It also prints the database's committed transactions per batch of 100
-(in autocommit, one per statement or pipeline) and the buffers the drain touched in the message table's
-indexes (``pg_statio_user_indexes``), a proxy for the index entries it read and wrote.
+of each ``--tree``, default this one, batches of 100; the trees share one database, so one schema) and
+the minimal reference (``bench/minimal_relay.py`` on its minimal twin table), interleaved in the same
+run, each drain reads ``/proc/<pid>/stat`` (user + system time) of the worker processes and of every
+backend connected to the database, from just before the backlog is committed to when it is drained.
+It also prints the committed transactions per batch of 100 (in autocommit, one per statement or
+pipeline; less the harness's own) and the buffers the drain touched in the table's indexes and heap
+(``pg_statio_user_indexes``, ``pg_statio_user_tables``), a proxy for the index entries read and written.
 """
 
 from __future__ import annotations
@@ -67,13 +68,13 @@ def machine_busy() -> float:
 
 
 def drain(kind: str, tree: Path, dsn: str, processes: int, n: int) -> dict[str, float]:
-    table = "django_outbox_message" if kind == "outbox" else MINIMAL_TABLE
+    table = "django_outbox_message" if kind != "minimal" else MINIMAL_TABLE
     with tables.connect(dsn) as conn:
-        if kind == "outbox":
+        if kind != "minimal":
             tables.truncate(conn)
         else:
             conn.execute(f"TRUNCATE {MINIMAL_TABLE} RESTART IDENTITY")
-    if kind == "outbox":
+    if kind != "minimal":
         env = {"DJANGO_SETTINGS_MODULE": "bench.settings", "DATABASE_URL": dsn, "PYTHONPATH": str(tree)}
         started = [
             procs.Proc([sys.executable, str(tree / "manage.py"), "outbox_worker", "--batch-size", "100"], env=env)
@@ -94,7 +95,7 @@ def drain(kind: str, tree: Path, dsn: str, processes: int, n: int) -> dict[str, 
             before_w = sum(cpu_seconds(p.pid) for p in started)
             before_b = sum(cpu_seconds(pid) for pid in pids)
             before_m = machine_busy()
-            if kind == "outbox":
+            if kind != "minimal":
                 t0 = tables.fill_pending(conn, n, analyze=True)
             else:
                 with conn.transaction():
@@ -135,12 +136,16 @@ def drain(kind: str, tree: Path, dsn: str, processes: int, n: int) -> dict[str, 
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--dsn", default="postgres://postgres@127.0.0.1:5432/bench_cpu")
-    parser.add_argument("--tree", default=str(ROOT))
+    parser.add_argument("--tree", action="append", help="NAME=PATH of a source tree (default: outbox=this one)")
     parser.add_argument("--processes", default="1,2,4")
     parser.add_argument("--messages", type=int, default=20_000)
     parser.add_argument("--reps", type=int, default=3)
     args = parser.parse_args()
-    tree = Path(args.tree).resolve()
+    trees = {"minimal": ROOT}
+    for spec in args.tree or [f"outbox={ROOT}"]:
+        name, _, path = spec.partition("=")
+        trees[name] = Path(path).resolve()
+    tree = next(path for name, path in trees.items() if name != "minimal")
     tables.ensure_database(args.dsn)
     env = {**os.environ, "DATABASE_URL": args.dsn, "DJANGO_SETTINGS_MODULE": "bench.settings"}
     env.pop("PYTHONPATH", None)
@@ -150,19 +155,22 @@ def main() -> int:
             conn.execute(statement)
     keys = ("rate", "worker_us", "backend_us", "machine_us", "xact_per_batch", "idx_bufs_per_msg", "heap_bufs_per_msg")
     for processes in [int(p) for p in args.processes.split(",")]:
-        results: dict[str, list[dict[str, float]]] = {"outbox": [], "minimal": []}
+        results: dict[str, list[dict[str, float]]] = {name: [] for name in trees}
         for first in interleaved(args.reps):
-            for kind in ("outbox", "minimal") if first else ("minimal", "outbox"):
-                r = drain(kind, tree, args.dsn, processes, args.messages)
+            for kind in list(trees) if first else list(trees)[::-1]:
+                r = drain(kind, trees[kind], args.dsn, processes, args.messages)
                 results[kind].append(r)
                 print(f"  x{processes} {kind}: " + " ".join(f"{k} {r[k]:,.1f}" for k in keys), flush=True)
-        for kind in ("outbox", "minimal"):
+        for kind in trees:
             med = {k: statistics.median(r[k] for r in results[kind]) for k in keys}
             print(f"x{processes} {kind} median: " + " ".join(f"{k} {med[k]:,.1f}" for k in keys), flush=True)
-        ratio = statistics.median(
-            o["rate"] / m["rate"] for o, m in zip(results["outbox"], results["minimal"], strict=True)
-        )
-        print(f"x{processes} outbox/minimal rate: {ratio:.2f}x (paired median)", flush=True)
+        for kind in trees:
+            if kind == "minimal":
+                continue
+            ratio = statistics.median(
+                o["rate"] / m["rate"] for o, m in zip(results[kind], results["minimal"], strict=True)
+            )
+            print(f"x{processes} {kind}/minimal rate: {ratio:.2f}x (paired median)", flush=True)
     return 0
 
 
