@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import contextlib
 import logging
+import threading
 from collections.abc import Callable, Sequence
 from typing import TYPE_CHECKING, Any
 
@@ -42,11 +43,44 @@ def _sender_context(message: Message) -> Any:
     return _propagator.extract(carrier) if TRACEPARENT in carrier else None
 
 
+def _has_trace_headers(message: Message) -> bool:
+    headers = message.headers
+    if not headers and type(headers) is dict:  # most messages: no header at all
+        return False
+    if not isinstance(headers, dict):
+        return True  # a row edited by hand: the span path decides what the call sees
+    return any(not isinstance(k, str) or k.lower() in (TRACEPARENT, TRACESTATE) for k in headers)
+
+
 class DeliveryTracer(Observer):
     def __init__(self) -> None:
         self.tracer = trace.get_tracer("django_outbox")
+        self._provider_set = False
+        self._local = threading.local()  # per delivery thread: whether this batch's spans are void
+
+    def batch_started(self, batch: Sequence[Message]) -> None:
+        """Decide once per batch, on its delivery thread, whether a span can change anything."""
+        self._local.void = self._spans_are_void()
+
+    def _spans_are_void(self) -> bool:
+        """Whether every span of this thread's batch would be a no-op one: no tracer provider is configured
+        (the API's own proxy stands in) and no span is active on this thread.
+
+        The no-op span path cost about a fifth of a worker process's CPU per message (``bench/cpu_split.py``,
+        docs/performance.md). A provider can be set once per process, at any time: the batches that start
+        after it get their spans, and the test stops for good.
+        """
+        if self._provider_set:
+            return False
+        if not isinstance(trace.get_tracer_provider(), (trace.ProxyTracerProvider, trace.NoOpTracerProvider)):
+            self._provider_set = True
+            return False
+        return not trace.get_current_span().get_span_context().is_valid
 
     def wrap_delivery(self, group: Sequence[Message], transport: str, call: Delivery) -> Delivery:
+        # A message with a trace header still takes the span path, which passes its sender's context on.
+        if getattr(self._local, "void", False) and not any(_has_trace_headers(m) for m in group):
+            return call
         topics = {m.topic for m in group}
         topic = next(iter(topics)) if len(topics) == 1 else None
         attributes: dict[str, Any] = {

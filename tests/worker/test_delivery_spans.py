@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import pytest
 from opentelemetry import trace
+from opentelemetry.sdk.trace import TracerProvider
 
 from django_outbox import outbox
 from django_outbox.models import Message
@@ -52,3 +53,57 @@ def test_headers_the_tracing_cannot_use_are_left_alone(handler):
     assert set(Message.objects.values_list("status", flat=True)) == {"delivered"}
     spans = {s.name: s for s in exporter.get_finished_spans()}
     assert spans["process spans.broken"].parent is None  # an unreadable traceparent starts a new trace
+
+
+@pytest.fixture
+def no_tracer_provider(monkeypatch):
+    """The process as a worker without an SDK sees it: the API's proxy provider, whatever a test set before."""
+    monkeypatch.delenv("OTEL_PYTHON_TRACER_PROVIDER", raising=False)
+    monkeypatch.setattr(trace, "_TRACER_PROVIDER", None)
+
+
+def test_without_a_tracer_provider_the_call_runs_bare(no_tracer_provider, handler):
+    seen: list[dict[str, str]] = []
+    handler("spans.*", lambda m: seen.append(dict(m.headers)))
+    tracer = DeliveryTracer()
+    plain = outbox.send("spans.plain", {}, headers={"tenant": "7"})
+    parent = "00-0af7651916cd43dd8448eb211c80319c-b7ad6b7169203331-01"
+    sent = outbox.send("spans.sent", {}, headers={"TraceParent": parent})
+
+    def call() -> list[BaseException | None]:
+        return [None]
+
+    tracer.batch_started([plain, sent])
+    assert tracer.wrap_delivery([plain], "handler", call) is call
+    # A trace header is the span path's to pass on: the no-op span carries the sender's context.
+    assert tracer.wrap_delivery([plain, sent], "handler", call) is not call
+    drain()
+    assert sorted(seen, key=len) == [
+        {"tenant": "7"},
+        {"traceparent": parent},
+    ]
+    assert set(Message.objects.values_list("status", flat=True)) == {"delivered"}
+
+
+def test_an_active_span_or_a_provider_set_later_gets_the_span_path(no_tracer_provider, monkeypatch):
+    tracer = DeliveryTracer()
+    message = Message(topic="spans.late", headers={})
+
+    def call() -> list[BaseException | None]:
+        return [None]
+
+    tracer.batch_started([message])
+    assert tracer.wrap_delivery([message], "handler", call) is call
+    remote = trace.NonRecordingSpan(
+        trace.SpanContext(trace_id=1, span_id=2, is_remote=True, trace_flags=trace.TraceFlags(1))
+    )
+    with trace.use_span(remote):
+        tracer.batch_started([message])
+        assert tracer.wrap_delivery([message], "handler", call) is not call
+    tracer.batch_started([message])
+    assert tracer.wrap_delivery([message], "handler", call) is call
+    monkeypatch.setattr(trace, "_TRACER_PROVIDER", TracerProvider())  # what set_tracer_provider() leaves
+    tracer.batch_started([message])
+    assert tracer.wrap_delivery([message], "handler", call) is not call
+    # A tracer whose batches were never announced keeps the span path.
+    assert DeliveryTracer().wrap_delivery([message], "handler", call) is not call
