@@ -170,7 +170,8 @@ def _claim_statement() -> tuple[str, int, int]:
         )
         rows = cursor.fetchall()
     assert len(rows) == 1, rows
-    return rows[0]
+    name, generic, custom = rows[0]
+    return str(name), int(generic), int(custom)
 
 
 def test_the_workers_prepared_claim_keeps_a_generic_plan_that_walks_the_index(postgres):
