@@ -106,9 +106,9 @@ def claim_sql(
     if ids is not None:  # one parameter whatever the count: one text, one prepared statement
         topic_sql += " AND c.id = ANY(%s)" if pg else " AND c.id IN (SELECT value FROM json_each(%s))"
         topic_params = [*topic_params, [int(i) for i in ids] if pg else json.dumps([int(i) for i in ids])]
-    sql = _claim_text(pg, topic_sql, blocking_statuses())
+    sql = _claim_text(pg, topic_sql, blocking_statuses(), int(limit) if pg else None)
     if pg:
-        return sql, [*topic_params, limit, worker, float(lease_seconds)]
+        return sql, [*topic_params, worker, float(lease_seconds)]
     now = timezone.now()
     lease = [worker, prep_dt(conn, now + dt.timedelta(seconds=lease_seconds))]
     return sql, [*lease, prep_dt(conn, now), *topic_params, limit]
@@ -120,14 +120,16 @@ def claim_sql(
 
 
 @functools.cache
-def _claim_text(pg: bool, topic_sql: str, blocking: tuple[str, ...]) -> str:
+def _claim_text(pg: bool, topic_sql: str, blocking: tuple[str, ...], limit: int | None) -> str:
     """The claim's text, built once per shape (building it cost ~40 µs of every wake-up).
 
-    The prepared claim is still planned afresh for each execution, on purpose: only with the actual
-    time and limit does the planner see that walking the pending index in id order is cheapest, and a
-    generic plan chosen while few messages were pending (a sort of every due row) would be kept for the
-    connection's life, however large the backlog grew. Statuses are literals, which the partial
-    indexes' predicates can be matched against in any plan.
+    The prepared claim's plan is pinned to the walk by ``walking_plan``'s settings, under which PostgreSQL
+    may keep a generic plan: left to itself, a generic plan chosen while few messages were pending (a
+    sort of every due row) would be kept for the connection's life, however large the backlog grew.
+    Statuses are literals, which the partial indexes' predicates can be matched against in any plan. On
+    PostgreSQL the limit is one too (a worker's batch size, one text per worker): bound, it made the
+    generic plan's estimate a tenth of the pending rows, dearer than any custom plan's, so PostgreSQL
+    never chose it.
     """
     pending, processing = literal(PENDING), literal(PROCESSING)
     open_ = f"b.key IS NOT NULL AND b.status IN ({', '.join(map(literal, blocking))})"
@@ -159,7 +161,7 @@ def _claim_text(pg: bool, topic_sql: str, blocking: tuple[str, ...]) -> str:
         f"WITH picked AS MATERIALIZED (SELECT c.id FROM {MESSAGE} AS c"
         f" WHERE c.status = {pending} AND c.available_at <= {SERVER_NOW}{topic_sql}"
         f" AND (c.key IS NULL OR {head})"
-        f" ORDER BY c.id LIMIT %s FOR UPDATE OF c SKIP LOCKED)"
+        f" ORDER BY c.id LIMIT {int(limit or 0)} FOR UPDATE OF c SKIP LOCKED)"
         f" UPDATE {MESSAGE} AS m SET {set_lease},"
         f" attempts = {_next_attempt('m.attempts')} FROM picked WHERE m.id = picked.id"
         f" RETURNING {', '.join('m.' + c for c in COLUMN_NAMES)}"
@@ -201,7 +203,10 @@ def _claim_once(
             attempts_max=ATTEMPTS_MAX,
         )
     sql, params = claim_sql(conn, worker=worker, limit=limit, lease_seconds=lease_seconds, topics=topics, ids=ids)
-    with worker_cursor(conn) as cursor:
+    # In a transaction of the caller's the walking plan's settings cannot be scoped to the claim, so it is
+    # not prepared there either: a generic plan made without them would stay with the connection's claims.
+    in_callers_transaction = conn.in_atomic_block or not conn.get_autocommit()
+    with conn.cursor() if in_callers_transaction else worker_cursor(conn) as cursor:
         with walking_plan(conn):
             cursor.execute(sql, params)
         rows = cursor.fetchall()
@@ -219,7 +224,8 @@ def _mysql_filter(topics: Sequence[str] | None, ids: Sequence[int] | None) -> tu
 
 
 _PLAN_AS_A_WALK = (
-    "SELECT set_config('enable_sort', 'off', true), set_config('plan_cache_mode', 'force_custom_plan', true)"
+    "SELECT set_config('enable_sort', 'off', true), set_config('enable_hashjoin', 'off', true),"
+    " set_config('enable_mergejoin', 'off', true), set_config('enable_seqscan', 'off', true)"
 )
 
 
@@ -234,11 +240,17 @@ def walking_plan(conn: BaseDatabaseWrapper) -> Iterator[None]:
     whole backlog (18 ms per batch of 100 from a 40,000-message backlog, against 4 ms;
     docs/performance.md), until autovacuum analyzed the table.
 
-    ``enable_sort = off`` is set for the claim's transaction only (``SET LOCAL``), with
-    ``plan_cache_mode = force_custom_plan`` so that the prepared claim never settles on a generic plan
-    made under either setting: sent in the same pipeline, the statements share PostgreSQL's implicit
-    transaction and one round trip. Inside a transaction of the caller's (tests, ``relay_all()``) the
-    claim is planned as usual. In the pipeline a failing claim raises when the pipeline closes, after
+    ``enable_sort = off`` is set for the claim's transaction only (``SET LOCAL``), with hash and merge
+    joins and sequential scans off too: sent in the same pipeline, the statements share PostgreSQL's
+    implicit transaction and one round trip. With all four off the one plan left is the walk, a nested
+    loop over the picked ids on the primary key and the key's head on the open keys' index, whatever
+    the statistics say, so the prepared claim may settle on a generic plan: it did after five claims,
+    which saved each claim its planning (about 0.25 ms of an idle worker's ~2 ms wake-up;
+    docs/performance.md, idle wake-up, third pass). With ``enable_sort`` alone, a generic plan made
+    with fresh statistics of 20,000 pending rows joined the picked ids to a sequential scan of the
+    whole table (14.8 ms against 3.3 ms), which is why the claim used to be planned afresh each time.
+    Inside a transaction of the caller's (tests, ``relay_all()``) the claim is planned as usual, and
+    not prepared (``_claim_once``). In the pipeline a failing claim raises when the pipeline closes, after
     Django's execute wrappers have returned: they see the claim sent, not its outcome.
     """
     raw = conn.connection

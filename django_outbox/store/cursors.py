@@ -94,7 +94,8 @@ def worker_cursor(conn: BaseDatabaseWrapper) -> Any:
     every time: Django binds parameters client-side and leaves preparing off, for the sake of connection
     poolers. With ``OUTBOX["PREPARED_STATEMENTS"]`` (on by default) these statements are bound
     server-side and prepared once per connection (docs/performance.md); the record then runs a cached
-    generic plan, the claim is still planned for each execution (see ``claiming._claim_text``). The wrapper is
+    generic plan, and so does the claim, whose walking plan's settings leave it no other plan than the walk
+    (``claiming.walking_plan``). The wrapper is
     Django's own, so execute wrappers and error translation see them as any other (the claim's errors
     reach its wrappers late: see ``claiming.walking_plan``). Off PostgreSQL or psycopg 3, with the setting off
     (PgBouncer in transaction pooling before 1.21), or while Django logs queries: Django's usual cursor.

@@ -268,3 +268,35 @@ def test_a_key_that_spans_topics_hands_off_to_the_worker_of_the_next_topic_at_on
         for relay, thread in ((first_worker, first_thread), (second_worker, second_thread)):
             relay.stop()
             thread.join(20)
+
+
+@needs_session_listen
+def test_every_notification_rings_also_several_read_in_one_go():
+    """The listener reads its socket through libpq directly: the notifications one commit sends arrive
+    together and each one rings (a ring wakes one delivery thread), and the next is heard as well."""
+    from django_outbox.conf import get_settings
+    from django_outbox.worker.listener import Listener
+
+    rings: list[float] = []
+    listener = Listener("default", lambda: rings.append(time.monotonic()), lambda: False)
+    listener.start()
+    try:
+        wait_for(listener.connected.is_set, timeout=10)
+        wait_for(lambda: len(rings) >= 1, timeout=5)  # one ring on connecting: what was sent meanwhile
+        time.sleep(0.2)
+        before = len(rings)
+        channel = get_settings().NOTIFY_CHANNEL
+        with connect_raw(direct=True, autocommit=False) as sender:
+            for payload in ("a", "b", "c"):  # distinct payloads: PostgreSQL folds only identical ones
+                sender.execute("SELECT pg_notify(%s, %s)", [channel, payload])
+            sender.commit()
+            wait_for(lambda: len(rings) == before + 3, timeout=5)
+            sender.execute("SELECT pg_notify(%s, 'd')", [channel])
+            sender.commit()
+            wait_for(lambda: len(rings) == before + 4, timeout=5)
+        time.sleep(0.2)
+        assert len(rings) == before + 4
+    finally:
+        listener.stop()
+        listener.join(5)
+    assert not listener.is_alive()
