@@ -20,6 +20,7 @@ so per key, id order is commit order.
 from __future__ import annotations
 
 import datetime as dt
+import functools
 import re
 from typing import Any
 
@@ -99,6 +100,10 @@ def refuse_deep_json(what: str, encoded: str, *, caller: str = "outbox.send()") 
         )
 
 
+#: Takes a key's lock row (``lock_key()``).
+LOCK_KEY_SQL = f"INSERT INTO {KEY_LOCK} (`key`) VALUES (%s) ON DUPLICATE KEY UPDATE `key` = `key`"
+
+
 def lock_key(conn: BaseDatabaseWrapper, key: str) -> None:
     """Hold ``key``'s lock row until the caller's transaction ends (see the module's docstring).
 
@@ -106,40 +111,48 @@ def lock_key(conn: BaseDatabaseWrapper, key: str) -> None:
     whether the row was there or not; a second producer of the key waits here for the first to end.
     """
     with conn.cursor() as cursor:
-        cursor.execute(
-            f"INSERT INTO {KEY_LOCK} (`key`) VALUES (%s) ON DUPLICATE KEY UPDATE `key` = `key`",
-            [key],
-        )
+        cursor.execute(LOCK_KEY_SQL, [key])
 
 
-def insert_row(conn: BaseDatabaseWrapper, params: list[Any], *, returning: bool, times: str) -> tuple[Any, ...] | None:
-    """Write one message; None when its idempotency key is taken.
+@functools.cache
+def insert_sql(*, keyed: bool, idempotent: bool, headers: bool, times: str, returning: str) -> str:
+    """One message's ``INSERT``, made once per shape.
+
+    What a message of the shape lacks (key, idempotency key, headers) is written into the text rather than
+    bound: each bound value is one more literal for the driver to quote, as on PostgreSQL. ``returning``
+    names what comes back (MariaDB 10.5+), or is empty (the id is then the cursor's ``lastrowid``).
+    """
+    key = "%s" if keyed else "NULL"
+    header_values = "%s" if headers else "'{}'"
+    idempotency_key = "%s" if idempotent else "NULL"
+    sql = (
+        f"INSERT INTO {MESSAGE} (uuid, topic, `key`, payload, headers, idempotency_key, status, attempts,"
+        f" max_attempts, available_at, created_at, last_error)"
+        f" VALUES (%s, %s, {key}, %s, {header_values}, {idempotency_key}, '{PENDING}', 0, %s, {times}, '')"
+    )
+    return f"{sql} RETURNING {returning}" if returning else sql
+
+
+def insert_row(cursor: Any, sql: str, params: list[Any], *, returning: bool) -> tuple[Any, ...] | None:
+    """Write one message with ``insert_sql()``'s statement; None when its idempotency key is taken.
 
     A duplicate key is refused by the unique index: MySQL undoes that statement only, so the caller's
     transaction goes on. (``INSERT IGNORE`` would also turn a too-long value or a bad date into a warning
     and a truncated row; ``ON DUPLICATE KEY UPDATE`` cannot tell "inserted" from "was there" under the
     ``CLIENT.FOUND_ROWS`` flag Django sets.) Any other integrity error is raised.
     """
-    sql = (
-        f"INSERT INTO {MESSAGE} (uuid, topic, `key`, payload, headers, idempotency_key, status, attempts,"
-        f" max_attempts, available_at, created_at, last_error)"
-        f" VALUES (%s, %s, %s, %s, %s, %s, '{PENDING}', 0, %s, {times}, '')"
-    )
-    if returning:  # MariaDB 10.5+: the server's times come back with the id
-        sql += " RETURNING id, created_at, available_at"
-    with conn.cursor() as cursor:
-        try:
-            cursor.execute(sql, params)
-        except IntegrityError as exc:
-            cause = exc.__cause__
-            code = cause.args[0] if cause is not None and cause.args else None
-            if code == ER_DUP_ENTRY and IDEMPOTENCY_INDEX in str(cause):
-                return None
-            raise
-        if returning:
-            row: tuple[Any, ...] = cursor.fetchone()
-            return row
-        return (cursor.lastrowid,)
+    try:
+        cursor.execute(sql, params)
+    except IntegrityError as exc:
+        cause = exc.__cause__
+        code = cause.args[0] if cause is not None and cause.args else None
+        if code == ER_DUP_ENTRY and IDEMPOTENCY_INDEX in str(cause):
+            return None
+        raise
+    if returning:
+        row: tuple[Any, ...] = cursor.fetchone()
+        return row
+    return (cursor.lastrowid,)
 
 
 def stored_by_idempotency_key(conn: BaseDatabaseWrapper, key: str) -> tuple[Any, ...] | None:
