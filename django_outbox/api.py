@@ -395,7 +395,7 @@ def _prepare(
     delay_seconds = None if available_at is not None else (when - now).total_seconds()
     assert topic is not None  # _check_name() returns a string for a required name
     sending_transport(topic)
-    return store.NewMessage(
+    new: store_types.NewMessage = store.NewMessage(
         uuid=new_uuid(),
         topic=topic,
         key=key,
@@ -407,6 +407,7 @@ def _prepare(
         created_at=now,
         delay_seconds=delay_seconds,
     )
+    return new
 
 
 #: ``django_outbox.store``, imported at the first send: it imports the models, and this module must be
@@ -508,7 +509,8 @@ class Outbox:
         store = _store or _import_store()
 
         # PostgreSQL folds the NOTIFYs of one transaction into one, and drops them on rollback.
-        message, created = store.insert(alias, new, notify=conf.NOTIFY_CHANNEL if conf.NOTIFY else None)
+        written: tuple[Message, bool] = store.insert(alias, new, notify=conf.NOTIFY_CHANNEL if conf.NOTIFY else None)
+        message, created = written
         if not created and not _same_content(message, new):
             raise _conflict("send", new, message)
         if created and conf.EAGER:  # tests only: delivered in this process once the transaction commits

@@ -20,7 +20,6 @@ so per key, id order is commit order.
 from __future__ import annotations
 
 import datetime as dt
-import functools
 import re
 from typing import Any
 
@@ -114,14 +113,34 @@ def lock_key(conn: BaseDatabaseWrapper, key: str) -> None:
         cursor.execute(LOCK_KEY_SQL, [key])
 
 
-@functools.cache
-def insert_sql(*, keyed: bool, idempotent: bool, headers: bool, times: str, returning: str) -> str:
-    """One message's ``INSERT``, made once per shape.
+#: What a message's times are in its ``INSERT``, and what comes back with its id, by how it is scheduled:
+#: ``host``, both the sender's (MySQL, or a connection whose stored times are not UTC); on MariaDB and
+#: the server's clock, ``given`` (due at the time the sender gave), ``now`` (due when created: one
+#: ``UTC_TIMESTAMP(6)`` per statement) and ``delay`` (due the delay after it, the interval capped at the
+#: latest time a DateTimeField reads back, as on PostgreSQL: a sum past year 9999 is an error in strict
+#: mode, 1441, not a NULL to COALESCE). Only the times the server computed come back.
+INSERT_TIMES = {
+    "host": ("%s, %s", ""),
+    "given": (f"%s, {MYSQL_NOW}", "id, created_at"),
+    "now": (f"{MYSQL_NOW}, {MYSQL_NOW}", "id, created_at"),
+    "delay": (
+        f"{MYSQL_NOW} + INTERVAL LEAST(%s, TIMESTAMPDIFF(MICROSECOND, {MYSQL_NOW}, {LAST_TIME})) MICROSECOND,"
+        f" {MYSQL_NOW}",
+        "id, created_at, available_at",
+    ),
+}
+#: ``insert_sql()``'s statements by shape: looked up here by the caller first, without a call.
+INSERT_SQL: dict[tuple[bool, bool, bool, str], str] = {}
+
+
+def insert_sql(shape: tuple[bool, bool, bool, str]) -> str:
+    """One message's ``INSERT`` for ``shape`` (keyed, idempotent, with headers, ``INSERT_TIMES`` key).
 
     What a message of the shape lacks (key, idempotency key, headers) is written into the text rather than
-    bound: each bound value is one more literal for the driver to quote, as on PostgreSQL. ``returning``
-    names what comes back (MariaDB 10.5+), or is empty (the id is then the cursor's ``lastrowid``).
+    bound: each bound value is one more literal for the driver to quote, as on PostgreSQL.
     """
+    keyed, idempotent, headers, schedule = shape
+    times, returning = INSERT_TIMES[schedule]
     key = "%s" if keyed else "NULL"
     header_values = "%s" if headers else "'{}'"
     idempotency_key = "%s" if idempotent else "NULL"
@@ -130,7 +149,8 @@ def insert_sql(*, keyed: bool, idempotent: bool, headers: bool, times: str, retu
         f" max_attempts, available_at, created_at, last_error)"
         f" VALUES (%s, %s, {key}, %s, {header_values}, {idempotency_key}, '{PENDING}', 0, %s, {times}, '')"
     )
-    return f"{sql} RETURNING {returning}" if returning else sql
+    INSERT_SQL[shape] = sql = f"{sql} RETURNING {returning}" if returning else sql
+    return sql
 
 
 def insert_row(cursor: Any, sql: str, params: list[Any], *, returning: bool) -> tuple[Any, ...] | None:
@@ -149,8 +169,8 @@ def insert_row(cursor: Any, sql: str, params: list[Any], *, returning: bool) -> 
         if code == ER_DUP_ENTRY and IDEMPOTENCY_INDEX in str(cause):
             return None
         raise
-    if returning:
-        row: tuple[Any, ...] = cursor.fetchone()
+    if returning:  # the driver's own cursor: the row is already in memory, no error to translate
+        row: tuple[Any, ...] = cursor.cursor.fetchone()
         return row
     return (cursor.lastrowid,)
 

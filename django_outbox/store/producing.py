@@ -18,7 +18,7 @@ from django.db import transaction
 from django.db.backends.base.base import BaseDatabaseWrapper
 
 from . import mysql
-from .db import MESSAGE, MYSQL_NOW, PENDING, connection, is_mysql, is_pg, mysql_server_clock, prep_dt, prep_uuid
+from .db import MESSAGE, PENDING, connection, is_mysql, is_pg, prep_dt, prep_uuid
 from .models import Message
 from .rows import ATTNAMES, COLUMNS, instance_builder, to_message, to_messages
 
@@ -146,7 +146,8 @@ def _insert_mysql(alias: str, conn: Any, new: NewMessage, *, batch: bool = False
     ``UTC_TIMESTAMP(6)`` per statement), and a given time is the sender's. ``batch``: ``send_many()``
     checked every item's JSON and locked every key of the batch first.
     """
-    if not batch:
+    # Only a payload of that many brackets can nest that deep; headers are one flat object of strings.
+    if not batch and new.payload_json.count("[") + new.payload_json.count("{") > mysql.JSON_MAX_DEPTH:
         _refuse_deep_json(new)
     keyed, idempotent, headed = new.key is not None, new.idempotency_key is not None, new.headers_json != "{}"
     # The uuid as hex: the text of a CHAR(32) column (Django's, without a native type) and read as such by
@@ -160,27 +161,21 @@ def _insert_mysql(alias: str, conn: Any, new: NewMessage, *, batch: bool = False
     if idempotent:
         params.append(new.idempotency_key)
     params.append(new.max_attempts)
-    server_times = mysql_server_clock(conn) and bool(conn.features.can_return_columns_from_insert)
-    returning = "id, created_at" if server_times else ""
-    schedule: _Schedule = "given"
+    # mysql_server_clock(), on a connection known to be MariaDB/MySQL
+    server_times = settings.USE_TZ and conn.timezone_name == "UTC" and conn.features.can_return_columns_from_insert
     if not server_times:
-        times = "%s, %s"
+        schedule = "host"
         params += [prep_dt(conn, new.available_at), prep_dt(conn, new.created_at)]
     elif new.delay_seconds is None:
-        times = f"%s, {MYSQL_NOW}"
+        schedule = "given"
         params.append(prep_dt(conn, new.available_at))
     elif new.delay_seconds > 0:
-        # Capped at the latest time a DateTimeField reads back, as on PostgreSQL, by capping the interval
-        # itself: a sum past year 9999 is an error in strict mode (1441), not a NULL to COALESCE.
-        schedule, returning = "delay", "id, created_at, available_at"
-        times = (
-            f"{MYSQL_NOW} + INTERVAL LEAST(%s, TIMESTAMPDIFF(MICROSECOND, {MYSQL_NOW}, {mysql.LAST_TIME}))"
-            f" MICROSECOND, {MYSQL_NOW}"
-        )
+        schedule = "delay"
         params.append(mysql.interval(new.delay_seconds))
     else:
-        schedule, times = "now", f"{MYSQL_NOW}, {MYSQL_NOW}"
-    sql = mysql.insert_sql(keyed=keyed, idempotent=idempotent, headers=headed, times=times, returning=returning)
+        schedule = "now"
+    shape = (keyed, idempotent, headed, schedule)
+    sql = mysql.INSERT_SQL.get(shape) or mysql.insert_sql(shape)
     with conn.cursor() as cursor:
         if keyed and not batch:
             cursor.execute(mysql.LOCK_KEY_SQL, [new.key])
