@@ -505,7 +505,8 @@ class Outbox:
             available_at=available_at,
             max_attempts=max_attempts,
         )
-        alias = _alias(conf, using, "send")
+        # OUTBOX["DATABASE"] is checked with the settings (get_settings() raises while it names no alias).
+        alias = conf.DATABASE if using is None else _alias(conf, using, "send")
         store = _store or _import_store()
 
         # PostgreSQL folds the NOTIFYs of one transaction into one, and drops them on rollback.
