@@ -8,9 +8,11 @@ import json
 import math
 import os
 import re
+import threading
 import time
 import uuid
 from collections.abc import Callable, Iterable, Mapping
+from json.encoder import c_make_encoder, encode_basestring_ascii  # type: ignore[attr-defined]
 from typing import TYPE_CHECKING, Any, TypeVar
 
 from asgiref.sync import sync_to_async
@@ -69,13 +71,20 @@ def new_uuid() -> uuid.UUID:
     """
     rand = int.from_bytes(os.urandom(10), "big")
     value = (time.time_ns() // 1_000_000 & _MS_MASK) << 80 | (rand >> 62 & 0xFFF) << 64 | rand & _RAND_B_MASK
-    return uuid.UUID(int=value | _VERSION_7_BITS)
+    # What uuid.UUID(int=...) makes, without the checks of an argument that is in range by construction.
+    made = _new_object(uuid.UUID)
+    _set_slot(made, "int", value | _VERSION_7_BITS)
+    _set_slot(made, "is_safe", _SAFE_UNKNOWN)
+    return made
 
 
 _MS_MASK = (1 << 48) - 1
 _RAND_B_MASK = (1 << 62) - 1
 #: The version nibble (7) and the RFC 9562 variant bits (0b10).
 _VERSION_7_BITS = 0x7 << 76 | 0b10 << 62
+_new_object = object.__new__
+_set_slot = object.__setattr__  # a UUID refuses attribute assignment; its own __init__ goes this way
+_SAFE_UNKNOWN = uuid.SafeUUID.unknown
 
 
 def _check_name(what: str, value: object, max_length: int, *, optional: bool) -> str | None:
@@ -126,21 +135,56 @@ def _check_headers(headers: object) -> str:
     return _encode("headers", dict(headers)) if headers else "{}"
 
 
+class _Encoders(threading.local):
+    """The C function ``JSONEncoder.encode()`` builds on every call, built once per thread and kept while
+    it succeeds: its table of the containers being encoded (the circular-reference check) is empty after
+    a success, but may not be after an error."""
+
+    encode: Callable[[object, int], Any] | None = None
+
+    def make(self) -> Callable[[object, int], Any]:
+        if c_make_encoder is None:  # pragma: no cover - CPython without its _json module
+            return lambda value, _level: _ENCODER.encode(value)
+        self.encode = c_make_encoder(
+            {},
+            _ENCODER.default,
+            encode_basestring_ascii,
+            None,
+            _ENCODER.key_separator,
+            _ENCODER.item_separator,
+            _ENCODER.sort_keys,
+            _ENCODER.skipkeys,
+            _ENCODER.allow_nan,
+        )
+        return self.encode
+
+
+_encoders = _Encoders()
+
+
 def _encode(what: str, value: object) -> str:
+    encode = _encoders.encode or _encoders.make()
     try:
-        encoded = _ENCODER.encode(value)
+        chunks = encode(value, 0)
     except TypeError as exc:
+        _encoders.encode = None
         raise TypeError(
             f"outbox.send(): {what} must be JSON-serialisable: {exc}. "
             "Pass plain data (dict, list, str, int, ...) or convert the object first."
         ) from exc
     except RecursionError as exc:
+        _encoders.encode = None
         raise ValueError(
             f"outbox.send(): {what} is nested too deeply to encode; the limit is {PAYLOAD_MAX_DEPTH} levels."
         ) from exc
     except ValueError as exc:
+        _encoders.encode = None
         hint = " (NaN and infinity are not JSON)" if "float" in str(exc) else ""
         raise TypeError(f"outbox.send(): {what} must be JSON-serialisable: {exc}{hint}.") from exc
+    except BaseException:  # raised by a default() or a str() of the caller's: the table may hold containers
+        _encoders.encode = None
+        raise
+    encoded: str = chunks if isinstance(chunks, str) else "".join(chunks)
     if "\\u0000" in encoded and _NUL.search(encoded):
         raise ValueError(
             f"outbox.send(): {what} contains a NUL character (\\u0000), which databases "
@@ -311,7 +355,7 @@ def _prepare(
 
     ``now``: the time the message counts as sent (``send_many()`` reads the clock once for the batch).
     """
-    from . import store  # imported here: the package must be importable before apps are ready
+    store = _store or _import_store()
 
     topic = _check_name("topic", topic, TOPIC_MAX_LENGTH, optional=False)
     key = _check_name("key", key, KEY_MAX_LENGTH, optional=True)
@@ -351,7 +395,7 @@ def _prepare(
     delay_seconds = None if available_at is not None else (when - now).total_seconds()
     assert topic is not None  # _check_name() returns a string for a required name
     sending_transport(topic)
-    return store.NewMessage(
+    new: store_types.NewMessage = store.NewMessage(
         uuid=new_uuid(),
         topic=topic,
         key=key,
@@ -363,6 +407,21 @@ def _prepare(
         created_at=now,
         delay_seconds=delay_seconds,
     )
+    return new
+
+
+#: ``django_outbox.store``, imported at the first send: it imports the models, and this module must be
+#: importable before the apps are ready. Kept here, since a function-level import statement runs the
+#: import system's own Python on every call.
+_store: Any = None
+
+
+def _import_store() -> Any:
+    global _store
+    from . import store
+
+    _store = store
+    return store
 
 
 def _alias(conf: Any, using: object, caller: str) -> str:
@@ -446,11 +505,13 @@ class Outbox:
             available_at=available_at,
             max_attempts=max_attempts,
         )
-        alias = _alias(conf, using, "send")
-        from . import store
+        # OUTBOX["DATABASE"] is checked with the settings (get_settings() raises while it names no alias).
+        alias = conf.DATABASE if using is None else _alias(conf, using, "send")
+        store = _store or _import_store()
 
         # PostgreSQL folds the NOTIFYs of one transaction into one, and drops them on rollback.
-        message, created = store.insert(alias, new, notify=conf.NOTIFY_CHANNEL if conf.NOTIFY else None)
+        written: tuple[Message, bool] = store.insert(alias, new, notify=conf.NOTIFY_CHANNEL if conf.NOTIFY else None)
+        message, created = written
         if not created and not _same_content(message, new):
             raise _conflict("send", new, message)
         if created and conf.EAGER:  # tests only: delivered in this process once the transaction commits
@@ -520,7 +581,7 @@ class Outbox:
             same_as.append(holder)
         if not news:
             return []
-        from . import store
+        store = _store or _import_store()
 
         # The items that write, and each one's place among them by its index (ints hash faster than uuids).
         unique: list[store_types.NewMessage] = []

@@ -99,6 +99,10 @@ def refuse_deep_json(what: str, encoded: str, *, caller: str = "outbox.send()") 
         )
 
 
+#: Takes a key's lock row (``lock_key()``).
+LOCK_KEY_SQL = f"INSERT INTO {KEY_LOCK} (`key`) VALUES (%s) ON DUPLICATE KEY UPDATE `key` = `key`"
+
+
 def lock_key(conn: BaseDatabaseWrapper, key: str) -> None:
     """Hold ``key``'s lock row until the caller's transaction ends (see the module's docstring).
 
@@ -106,40 +110,69 @@ def lock_key(conn: BaseDatabaseWrapper, key: str) -> None:
     whether the row was there or not; a second producer of the key waits here for the first to end.
     """
     with conn.cursor() as cursor:
-        cursor.execute(
-            f"INSERT INTO {KEY_LOCK} (`key`) VALUES (%s) ON DUPLICATE KEY UPDATE `key` = `key`",
-            [key],
-        )
+        cursor.execute(LOCK_KEY_SQL, [key])
 
 
-def insert_row(conn: BaseDatabaseWrapper, params: list[Any], *, returning: bool, times: str) -> tuple[Any, ...] | None:
-    """Write one message; None when its idempotency key is taken.
+#: What a message's times are in its ``INSERT``, and what comes back with its id, by how it is scheduled:
+#: ``host``, both the sender's (MySQL, or a connection whose stored times are not UTC); on MariaDB and
+#: the server's clock, ``given`` (due at the time the sender gave), ``now`` (due when created: one
+#: ``UTC_TIMESTAMP(6)`` per statement) and ``delay`` (due the delay after it, the interval capped at the
+#: latest time a DateTimeField reads back, as on PostgreSQL: a sum past year 9999 is an error in strict
+#: mode, 1441, not a NULL to COALESCE). Only the times the server computed come back.
+INSERT_TIMES = {
+    "host": ("%s, %s", ""),
+    "given": (f"%s, {MYSQL_NOW}", "id, created_at"),
+    "now": (f"{MYSQL_NOW}, {MYSQL_NOW}", "id, created_at"),
+    "delay": (
+        f"{MYSQL_NOW} + INTERVAL LEAST(%s, TIMESTAMPDIFF(MICROSECOND, {MYSQL_NOW}, {LAST_TIME})) MICROSECOND,"
+        f" {MYSQL_NOW}",
+        "id, created_at, available_at",
+    ),
+}
+#: ``insert_sql()``'s statements by shape: looked up here by the caller first, without a call.
+INSERT_SQL: dict[tuple[bool, bool, bool, str], str] = {}
+
+
+def insert_sql(shape: tuple[bool, bool, bool, str]) -> str:
+    """One message's ``INSERT`` for ``shape`` (keyed, idempotent, with headers, ``INSERT_TIMES`` key).
+
+    What a message of the shape lacks (key, idempotency key, headers) is written into the text rather than
+    bound: each bound value is one more literal for the driver to quote, as on PostgreSQL.
+    """
+    keyed, idempotent, headers, schedule = shape
+    times, returning = INSERT_TIMES[schedule]
+    key = "%s" if keyed else "NULL"
+    header_values = "%s" if headers else "'{}'"
+    idempotency_key = "%s" if idempotent else "NULL"
+    sql = (
+        f"INSERT INTO {MESSAGE} (uuid, topic, `key`, payload, headers, idempotency_key, status, attempts,"
+        f" max_attempts, available_at, created_at, last_error)"
+        f" VALUES (%s, %s, {key}, %s, {header_values}, {idempotency_key}, '{PENDING}', 0, %s, {times}, '')"
+    )
+    INSERT_SQL[shape] = sql = f"{sql} RETURNING {returning}" if returning else sql
+    return sql
+
+
+def insert_row(cursor: Any, sql: str, params: list[Any], *, returning: bool) -> tuple[Any, ...] | None:
+    """Write one message with ``insert_sql()``'s statement; None when its idempotency key is taken.
 
     A duplicate key is refused by the unique index: MySQL undoes that statement only, so the caller's
     transaction goes on. (``INSERT IGNORE`` would also turn a too-long value or a bad date into a warning
     and a truncated row; ``ON DUPLICATE KEY UPDATE`` cannot tell "inserted" from "was there" under the
     ``CLIENT.FOUND_ROWS`` flag Django sets.) Any other integrity error is raised.
     """
-    sql = (
-        f"INSERT INTO {MESSAGE} (uuid, topic, `key`, payload, headers, idempotency_key, status, attempts,"
-        f" max_attempts, available_at, created_at, last_error)"
-        f" VALUES (%s, %s, %s, %s, %s, %s, '{PENDING}', 0, %s, {times}, '')"
-    )
-    if returning:  # MariaDB 10.5+: the server's times come back with the id
-        sql += " RETURNING id, created_at, available_at"
-    with conn.cursor() as cursor:
-        try:
-            cursor.execute(sql, params)
-        except IntegrityError as exc:
-            cause = exc.__cause__
-            code = cause.args[0] if cause is not None and cause.args else None
-            if code == ER_DUP_ENTRY and IDEMPOTENCY_INDEX in str(cause):
-                return None
-            raise
-        if returning:
-            row: tuple[Any, ...] = cursor.fetchone()
-            return row
-        return (cursor.lastrowid,)
+    try:
+        cursor.execute(sql, params)
+    except IntegrityError as exc:
+        cause = exc.__cause__
+        code = cause.args[0] if cause is not None and cause.args else None
+        if code == ER_DUP_ENTRY and IDEMPOTENCY_INDEX in str(cause):
+            return None
+        raise
+    if returning:  # the driver's own cursor: the row is already in memory, no error to translate
+        row: tuple[Any, ...] = cursor.cursor.fetchone()
+        return row
+    return (cursor.lastrowid,)
 
 
 def stored_by_idempotency_key(conn: BaseDatabaseWrapper, key: str) -> tuple[Any, ...] | None:

@@ -18,7 +18,7 @@ from django.db import transaction
 from django.db.backends.base.base import BaseDatabaseWrapper
 
 from . import mysql
-from .db import MESSAGE, MYSQL_NOW, PENDING, connection, is_mysql, is_pg, mysql_server_clock, prep_dt, prep_uuid
+from .db import MESSAGE, PENDING, connection, is_mysql, is_pg, prep_dt, prep_uuid
 from .models import Message
 from .rows import ATTNAMES, COLUMNS, instance_builder, to_message, to_messages
 
@@ -133,53 +133,71 @@ def _row_params(conn: BaseDatabaseWrapper, new: NewMessage) -> list[Any]:
 
 def _refuse_deep_json(new: NewMessage, caller: str = "outbox.send()") -> None:
     mysql.refuse_deep_json("payload", new.payload_json, caller=caller)
-    mysql.refuse_deep_json("headers", new.headers_json, caller=caller)
+    if new.headers_json != "{}":
+        mysql.refuse_deep_json("headers", new.headers_json, caller=caller)
 
 
-def _insert_mysql(alias: str, conn: Any, new: NewMessage, *, checked: bool = False) -> tuple[Message, bool]:
+def _insert_mysql(alias: str, conn: Any, new: NewMessage, *, batch: bool = False) -> tuple[Message, bool]:
     """MariaDB/MySQL: the key's lock row first (commit order, see store.mysql), then the row.
 
     On MariaDB (``INSERT ... RETURNING``) and the server's clock, the row is created at the server's now and
     due at it plus the delay, as on PostgreSQL; MySQL, which cannot return them, takes the sender's times.
-    ``checked``: the JSON's depth was already checked (``send_many()`` checks every item first).
+    Only the times the server computed come back: without a delay the row is due when created (one
+    ``UTC_TIMESTAMP(6)`` per statement), and a given time is the sender's. ``batch``: ``send_many()``
+    checked every item's JSON and locked every key of the batch first.
     """
-    if not checked:
+    # Only a payload of that many brackets can nest that deep; headers are one flat object of strings.
+    if not batch and new.payload_json.count("[") + new.payload_json.count("{") > mysql.JSON_MAX_DEPTH:
         _refuse_deep_json(new)
-    if new.key is not None:
-        mysql.lock_key(conn, new.key)
-    params = _row_params(conn, new)
-    server_times = mysql_server_clock(conn) and bool(conn.features.can_return_columns_from_insert)
+    keyed, idempotent, headed = new.key is not None, new.idempotency_key is not None, new.headers_json != "{}"
+    # The uuid as hex: the text of a CHAR(32) column (Django's, without a native type) and read as such by
+    # MariaDB's uuid type; a UUID object the driver would format through str() and escape.
+    params: list[Any] = [new.uuid.hex, new.topic]
+    if keyed:
+        params.append(new.key)
+    params.append(new.payload_json)
+    if headed:
+        params.append(new.headers_json)
+    if idempotent:
+        params.append(new.idempotency_key)
+    params.append(new.max_attempts)
+    # mysql_server_clock(), on a connection known to be MariaDB/MySQL
+    server_times = settings.USE_TZ and conn.timezone_name == "UTC" and conn.features.can_return_columns_from_insert
     if not server_times:
-        times = "%s, %s"
+        schedule = "host"
         params += [prep_dt(conn, new.available_at), prep_dt(conn, new.created_at)]
     elif new.delay_seconds is None:
-        times = f"%s, {MYSQL_NOW}"
+        schedule = "given"
         params.append(prep_dt(conn, new.available_at))
     elif new.delay_seconds > 0:
-        # Capped at the latest time a DateTimeField reads back, as on PostgreSQL, by capping the interval
-        # itself: a sum past year 9999 is an error in strict mode (1441), not a NULL to COALESCE.
-        times = (
-            f"{MYSQL_NOW} + INTERVAL LEAST(%s, TIMESTAMPDIFF(MICROSECOND, {MYSQL_NOW}, {mysql.LAST_TIME}))"
-            f" MICROSECOND, {MYSQL_NOW}"
-        )
+        schedule = "delay"
         params.append(mysql.interval(new.delay_seconds))
     else:
-        times = f"{MYSQL_NOW}, {MYSQL_NOW}"
-    for _ in range(_INSERT_TRIES):
-        row = mysql.insert_row(conn, params, returning=server_times, times=times)
-        if row is not None:
-            break
-        assert new.idempotency_key is not None  # only a taken idempotency key refuses the row
-        stored = mysql.stored_by_idempotency_key(conn, new.idempotency_key)
-        if stored is not None:
-            return to_message(alias, conn, stored), False
-    else:  # pragma: no cover - only if the key is taken and freed again on every try
-        raise RuntimeError(
-            f"outbox.send(): idempotency key {new.idempotency_key!r} was taken and freed {_INSERT_TRIES} "
-            "times while this message was written; send again"
-        )
-    if server_times:
-        created_at, available_at = (_as_read(value.replace(tzinfo=dt.UTC)) for value in row[1:3])
+        schedule = "now"
+    shape = (keyed, idempotent, headed, schedule)
+    sql = mysql.INSERT_SQL.get(shape) or mysql.insert_sql(shape)
+    with conn.cursor() as cursor:
+        if keyed and not batch:
+            cursor.execute(mysql.LOCK_KEY_SQL, [new.key])
+        for _ in range(_INSERT_TRIES):
+            row = mysql.insert_row(cursor, sql, params, returning=server_times)
+            if row is not None:
+                break
+            assert new.idempotency_key is not None  # only a taken idempotency key refuses the row
+            stored = mysql.stored_by_idempotency_key(conn, new.idempotency_key)
+            if stored is not None:
+                return to_message(alias, conn, stored), False
+        else:  # pragma: no cover - only if the key is taken and freed again on every try
+            raise RuntimeError(
+                f"outbox.send(): idempotency key {new.idempotency_key!r} was taken and freed {_INSERT_TRIES} "
+                "times while this message was written; send again"
+            )
+    if server_times:  # naive UTC, as read under USE_TZ (which the server's clock requires)
+        created_at = row[1].replace(tzinfo=dt.UTC)
+        if schedule == "delay":
+            available_at = row[2].replace(tzinfo=dt.UTC)
+        else:
+            available_at = created_at if schedule == "now" else new.available_at
         return _new_message(alias, int(row[0]), new, times=(created_at, available_at)), True
     return _new_message(alias, int(row[0]), new), True
 
@@ -406,7 +424,7 @@ def _insert_many_mysql(
         for key in sorted({new.key for new in news if new.key is not None}):
             mysql.lock_key(conn, key)
         for new in news:
-            message, created = _insert_mysql(alias, conn, new, checked=True)
+            message, created = _insert_mysql(alias, conn, new, batch=True)
             if not created:
                 error = check(message, new)
                 if error is not None:

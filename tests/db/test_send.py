@@ -270,7 +270,17 @@ def test_without_time_zones_delays_and_far_times_are_checked_too():
 
 @pytest.mark.django_db
 @pytest.mark.parametrize("use_tz", [True, False], ids=["aware", "naive"])
-@pytest.mark.parametrize("schedule", [{}, {"delay": 90}, {"key": "k-times"}])
+@pytest.mark.parametrize(
+    "schedule",
+    [
+        {},
+        {"delay": 90},
+        {"key": "k-times"},
+        # a given time is the sender's (on MariaDB only the times the server computed come back)
+        {"available_at": dt.datetime(2031, 5, 6, 7, 8, 9, 123457, tzinfo=zoneinfo.ZoneInfo("America/Lima"))},
+    ],
+    ids=["now", "delay", "keyed", "given"],
+)
 def test_returned_times_equal_the_stored_row_in_any_time_zone(handler, use_tz, schedule):
     """send() reads the server's created_at back as text (cheaper than the cursor's time-zone loader): it must
     read as Django's own loader does, aware UTC or, without USE_TZ, naive wall time in a zone away from UTC."""

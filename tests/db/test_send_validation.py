@@ -97,6 +97,29 @@ def test_encoding_errors_other_than_nan_say_what_they_are():
     refused(TypeError, r"\(NaN and infinity are not JSON\)", "probe.created", {"n": float("nan")})
 
 
+class _Unencodable:
+    pass
+
+
+@pytest.mark.parametrize(
+    "bad",
+    [_Unencodable(), float("inf"), 10**5000],
+    ids=["no-default", "infinity", "too-many-digits"],
+)
+def test_a_payload_refused_mid_container_leaves_the_next_sends_encoding_whole(bad):
+    """The JSON encoder's C function is kept between sends; an error raised inside nested containers leaves
+    them in its circular-reference table, so a kept function would refuse those containers, sent again, as
+    circular. After the error the next send encodes them."""
+    shared = {"items": [{"sku": "a"}]}
+    shared["items"].append({"bad": bad})
+    refused(TypeError, "JSON-serialisable", "probe.created", shared)
+    shared["items"].pop()
+    assert outbox.send("probe.created", shared).payload == {"items": [{"sku": "a"}]}
+    loop: dict[str, Any] = {"n": 1}
+    loop["self"] = loop  # and a real cycle is still refused as one
+    refused(TypeError, r"Circular reference detected", "probe.created", loop)
+
+
 def test_big_floats_stay_floats():
     payload = {"a": 1e16, "b": -1.5e300, "c": [2.0**63], "s": "1e+16"}
     sent = outbox.send("probe.created", payload)
