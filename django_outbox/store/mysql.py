@@ -20,6 +20,7 @@ so per key, id order is commit order.
 from __future__ import annotations
 
 import datetime as dt
+import functools
 import re
 from typing import Any
 
@@ -129,10 +130,9 @@ INSERT_TIMES = {
         "id, created_at, available_at",
     ),
 }
-#: ``insert_sql()``'s statements by shape: looked up here by the caller first, without a call.
-INSERT_SQL: dict[tuple[bool, bool, bool, str], str] = {}
 
 
+@functools.cache
 def insert_sql(shape: tuple[bool, bool, bool, str]) -> str:
     """One message's ``INSERT`` for ``shape`` (keyed, idempotent, with headers, ``INSERT_TIMES`` key).
 
@@ -149,8 +149,7 @@ def insert_sql(shape: tuple[bool, bool, bool, str]) -> str:
         f" max_attempts, available_at, created_at, last_error)"
         f" VALUES (%s, %s, {key}, %s, {header_values}, {idempotency_key}, '{PENDING}', 0, %s, {times}, '')"
     )
-    INSERT_SQL[shape] = sql = f"{sql} RETURNING {returning}" if returning else sql
-    return sql
+    return f"{sql} RETURNING {returning}" if returning else sql
 
 
 def insert_row(cursor: Any, sql: str, params: list[Any], *, returning: bool) -> tuple[Any, ...] | None:

@@ -18,7 +18,7 @@ from django.db import transaction
 from django.db.backends.base.base import BaseDatabaseWrapper
 
 from . import mysql
-from .db import MESSAGE, PENDING, connection, is_mysql, is_pg, prep_dt, prep_uuid
+from .db import MESSAGE, PENDING, connection, is_mysql, is_pg, mysql_server_clock, prep_dt, prep_uuid
 from .models import Message
 from .rows import ATTNAMES, COLUMNS, instance_builder, to_message, to_messages
 
@@ -61,18 +61,7 @@ def insert(alias: str, new: NewMessage, *, notify: str | None = None) -> tuple[M
                 return _insert_mysql(alias, conn, new)
         return _insert_mysql(alias, conn, new)
     pg = is_pg(conn)
-    keyed, idempotent, headed = new.key is not None, new.idempotency_key is not None, new.headers_json != "{}"
-    # What every message of the statement's shape has (no key, no idempotency key, no headers) is written
-    # into its text, not bound: each bound value cost psycopg a quoting and the server a parse.
-    params: list[Any] = [prep_uuid(conn, new.uuid), new.topic]
-    if keyed:
-        params.append(new.key)
-    params.append(new.payload_json)
-    if headed:
-        params.append(new.headers_json)
-    if idempotent:
-        params.append(new.idempotency_key)
-    params.append(new.max_attempts)
+    keyed, idempotent, headed, params = _shape_params(new, prep_uuid(conn, new.uuid))
     # PostgreSQL: created at the server's now, and due at it plus the delay unless a time was given.
     schedule: _Schedule = "given"
     if not pg:
@@ -117,6 +106,26 @@ def insert(alias: str, new: NewMessage, *, notify: str | None = None) -> tuple[M
     return _new_message(alias, int(row[0]), new), True
 
 
+def _shape_params(new: NewMessage, uuid_value: object) -> tuple[bool, bool, bool, list[Any]]:
+    """The statement's shape (keyed, idempotent, with headers) and the values it binds, for ``insert()``.
+
+    What a message of the shape lacks (no key, no idempotency key, no headers) is written into the
+    statement's text, not bound: each bound value costs the driver a quoting and the server a parse. The
+    times, which differ by database, follow.
+    """
+    keyed, idempotent, headed = new.key is not None, new.idempotency_key is not None, new.headers_json != "{}"
+    params: list[Any] = [uuid_value, new.topic]
+    if keyed:
+        params.append(new.key)
+    params.append(new.payload_json)
+    if headed:
+        params.append(new.headers_json)
+    if idempotent:
+        params.append(new.idempotency_key)
+    params.append(new.max_attempts)
+    return keyed, idempotent, headed, params
+
+
 def _row_params(conn: BaseDatabaseWrapper, new: NewMessage) -> list[Any]:
     """The values of a row's first columns, in the order every ``INSERT`` here names them (uuid, topic,
     key, payload, headers, idempotency_key, max_attempts); the times, which differ, follow."""
@@ -146,23 +155,12 @@ def _insert_mysql(alias: str, conn: Any, new: NewMessage, *, batch: bool = False
     ``UTC_TIMESTAMP(6)`` per statement), and a given time is the sender's. ``batch``: ``send_many()``
     checked every item's JSON and locked every key of the batch first.
     """
-    # Only a payload of that many brackets can nest that deep; headers are one flat object of strings.
-    if not batch and new.payload_json.count("[") + new.payload_json.count("{") > mysql.JSON_MAX_DEPTH:
+    if not batch:
         _refuse_deep_json(new)
-    keyed, idempotent, headed = new.key is not None, new.idempotency_key is not None, new.headers_json != "{}"
     # The uuid as hex: the text of a CHAR(32) column (Django's, without a native type) and read as such by
     # MariaDB's uuid type; a UUID object the driver would format through str() and escape.
-    params: list[Any] = [new.uuid.hex, new.topic]
-    if keyed:
-        params.append(new.key)
-    params.append(new.payload_json)
-    if headed:
-        params.append(new.headers_json)
-    if idempotent:
-        params.append(new.idempotency_key)
-    params.append(new.max_attempts)
-    # mysql_server_clock(), on a connection known to be MariaDB/MySQL
-    server_times = settings.USE_TZ and conn.timezone_name == "UTC" and conn.features.can_return_columns_from_insert
+    keyed, idempotent, headed, params = _shape_params(new, new.uuid.hex)
+    server_times = mysql_server_clock(conn) and conn.features.can_return_columns_from_insert
     if not server_times:
         schedule = "host"
         params += [prep_dt(conn, new.available_at), prep_dt(conn, new.created_at)]
@@ -175,7 +173,7 @@ def _insert_mysql(alias: str, conn: Any, new: NewMessage, *, batch: bool = False
     else:
         schedule = "now"
     shape = (keyed, idempotent, headed, schedule)
-    sql = mysql.INSERT_SQL.get(shape) or mysql.insert_sql(shape)
+    sql = mysql.insert_sql(shape)
     with conn.cursor() as cursor:
         if keyed and not batch:
             cursor.execute(mysql.LOCK_KEY_SQL, [new.key])
