@@ -165,25 +165,24 @@ _encoders = _Encoders()
 def _encode(what: str, value: object) -> str:
     encode = _encoders.encode or _encoders.make()
     try:
-        chunks = encode(value, 0)
+        try:
+            chunks = encode(value, 0)
+        except BaseException:
+            # whatever raised (a default() or a str() of the caller's too): the table may hold containers
+            _encoders.encode = None
+            raise
     except TypeError as exc:
-        _encoders.encode = None
         raise TypeError(
             f"outbox.send(): {what} must be JSON-serialisable: {exc}. "
             "Pass plain data (dict, list, str, int, ...) or convert the object first."
         ) from exc
     except RecursionError as exc:
-        _encoders.encode = None
         raise ValueError(
             f"outbox.send(): {what} is nested too deeply to encode; the limit is {PAYLOAD_MAX_DEPTH} levels."
         ) from exc
     except ValueError as exc:
-        _encoders.encode = None
         hint = " (NaN and infinity are not JSON)" if "float" in str(exc) else ""
         raise TypeError(f"outbox.send(): {what} must be JSON-serialisable: {exc}{hint}.") from exc
-    except BaseException:  # raised by a default() or a str() of the caller's: the table may hold containers
-        _encoders.encode = None
-        raise
     encoded: str = chunks if isinstance(chunks, str) else "".join(chunks)
     if "\\u0000" in encoded and _NUL.search(encoded):
         raise ValueError(

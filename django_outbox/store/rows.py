@@ -82,16 +82,10 @@ def instance_builder(alias: str) -> Callable[[Sequence[Any]], Message]:
         pre_init.has_listeners(Message) or post_init.has_listeners(Message)
     ):
         return functools.partial(Message.from_db, alias, ATTNAMES)
-    build = _builders.get(alias)
-    if build is None:
-        build = _builders[alias] = _builder(alias)
-    return build
+    return _builder(alias)
 
 
-#: One builder per alias: a closure made per call cost a little of every send().
-_builders: dict[str, Callable[[Sequence[Any]], Message]] = {}
-
-
+@functools.cache  # one builder per alias: a closure made per call cost a little of every send()
 def _builder(alias: str) -> Callable[[Sequence[Any]], Message]:
     def build(values: Sequence[Any]) -> Message:
         message = Message.__new__(Message)
