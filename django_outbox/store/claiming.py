@@ -203,10 +203,9 @@ def _claim_once(
             attempts_max=ATTEMPTS_MAX,
         )
     sql, params = claim_sql(conn, worker=worker, limit=limit, lease_seconds=lease_seconds, topics=topics, ids=ids)
-    # In a transaction of the caller's the walking plan's settings cannot be scoped to the claim, so it is
-    # not prepared there either: a generic plan made without them would stay with the connection's claims.
-    in_callers_transaction = conn.in_atomic_block or not conn.get_autocommit()
-    with conn.cursor() if in_callers_transaction else worker_cursor(conn) as cursor:
+    # Prepared only where the walking plan's settings apply: a generic plan made without them (in a
+    # transaction of the caller's, say) would stay with the connection's claims.
+    with worker_cursor(conn) if _walks(conn) else conn.cursor() as cursor:
         with walking_plan(conn):
             cursor.execute(sql, params)
         rows = cursor.fetchall()
@@ -249,24 +248,31 @@ def walking_plan(conn: BaseDatabaseWrapper) -> Iterator[None]:
     docs/performance.md, idle wake-up, third pass). With ``enable_sort`` alone, a generic plan made
     with fresh statistics of 20,000 pending rows joined the picked ids to a sequential scan of the
     whole table (14.8 ms against 3.3 ms), which is why the claim used to be planned afresh each time.
-    Inside a transaction of the caller's (tests, ``relay_all()``) the claim is planned as usual, and
-    not prepared (``_claim_once``). In the pipeline a failing claim raises when the pipeline closes, after
-    Django's execute wrappers have returned: they see the claim sent, not its outcome.
+    Where the settings are not set (inside a transaction of the caller's: tests, ``relay_all()``; or
+    without psycopg's pipelines) the claim is planned as usual, and not prepared (``_claim_once``). In
+    the pipeline a failing claim raises when the pipeline closes, after Django's execute wrappers have
+    returned: they see the claim sent, not its outcome.
     """
-    raw = conn.connection
-    if (
-        psycopg is None
-        or not is_pg(conn)
-        or not isinstance(raw, psycopg.Connection)
-        or conn.in_atomic_block
-        or not conn.get_autocommit()
-        or not psycopg.Pipeline.is_supported()
-    ):
+    if not _walks(conn):
         yield
         return
+    raw = conn.connection
     with conn.wrap_database_errors, raw.pipeline():
         raw.execute(_PLAN_AS_A_WALK)
         yield
+
+
+def _walks(conn: BaseDatabaseWrapper) -> bool:
+    """Whether ``walking_plan`` sets its settings for the claim: on psycopg 3 with pipelines, outside a
+    transaction of the caller's (where they could not be scoped to the claim)."""
+    return (
+        psycopg is not None
+        and is_pg(conn)
+        and isinstance(conn.connection, psycopg.Connection)
+        and not conn.in_atomic_block
+        and conn.get_autocommit()
+        and psycopg.Pipeline.is_supported()
+    )
 
 
 def next_due(alias: str, *, topics: Sequence[str] | None = None) -> float | None:
