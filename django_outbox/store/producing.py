@@ -92,10 +92,7 @@ def insert(alias: str, new: NewMessage, *, notify: str | None = None) -> tuple[M
             # The conflicting message left the table in between (housekeeping archived or deleted it,
             # or its own transaction rolled back): the key is free again, so this message is written.
         else:  # pragma: no cover - only if the key is taken and freed again on every try
-            raise RuntimeError(
-                f"outbox.send(): idempotency key {new.idempotency_key!r} was taken and freed {_INSERT_TRIES} "
-                "times while this message was written; send again"
-            )
+            raise _taken_and_freed(new)
     if pg:  # the times the server gave the row: created_at, then available_at when it was computed too
         created_at = _read_text_time(row[1])
         if schedule == "delay":
@@ -104,6 +101,13 @@ def insert(alias: str, new: NewMessage, *, notify: str | None = None) -> tuple[M
             available_at = created_at if schedule == "now" else _as_read(new.available_at)
         return _new_message(alias, int(row[0]), new, times=(created_at, available_at)), True
     return _new_message(alias, int(row[0]), new), True
+
+
+def _taken_and_freed(new: NewMessage) -> RuntimeError:
+    return RuntimeError(
+        f"outbox.send(): idempotency key {new.idempotency_key!r} was taken and freed {_INSERT_TRIES} "
+        "times while this message was written; send again"
+    )
 
 
 def _shape_params(new: NewMessage, uuid_value: object) -> tuple[bool, bool, bool, list[Any]]:
@@ -186,10 +190,7 @@ def _insert_mysql(alias: str, conn: Any, new: NewMessage, *, batch: bool = False
             if stored is not None:
                 return to_message(alias, conn, stored), False
         else:  # pragma: no cover - only if the key is taken and freed again on every try
-            raise RuntimeError(
-                f"outbox.send(): idempotency key {new.idempotency_key!r} was taken and freed {_INSERT_TRIES} "
-                "times while this message was written; send again"
-            )
+            raise _taken_and_freed(new)
     if server_times:  # naive UTC, as read under USE_TZ (which the server's clock requires)
         created_at = row[1].replace(tzinfo=dt.UTC)
         if schedule == "delay":
