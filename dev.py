@@ -1,41 +1,42 @@
 #!/usr/bin/env python3
 """Developer entry point that needs nothing but Python 3.11+.
 
-    python3 dev.py demo     # make .venv, migrate a SQLite demo database, place orders, relay them
-    python3 dev.py test     # ruff, mypy, the docs site, then the test suite on SQLite and PostgreSQL (and Django 6.x),
-                            # and its core modules through PgBouncer in transaction and session pooling
+    python3 dev.py demo           # make .venv, migrate a SQLite demo database, place orders, relay them
+    python3 dev.py test           # all that CI runs: lint, types, the docs site, the unit layer, the suite on
+                                  # SQLite, PostgreSQL and MariaDB for Django 5.2 and 6.x, through PgBouncer,
+                                  # with USE_TZ = False, and the quick chaos runs; side by side, timed
+    python3 dev.py test --quick   # the inner loop: lint, types, the unit and database layers on SQLite and
+                                  # PostgreSQL for Django 5.2
+    python3 dev.py test -- tests/db/test_send.py                          # chosen tests, on each database
     python3 dev.py test --pooler transaction -- tests/db/test_inbox.py   # one module through the pooler
 
 It creates the virtual environments it needs (``.venv`` for Django 5.2 on this Python, ``.venv-django6``
-on Python 3.12+ when one is found) and reinstalls them when pyproject.toml changes.
+on Python 3.12+ when one is found) and reinstalls them when pyproject.toml changes. The runs of ``test``
+(its "cells") go side by side, each pytest run spread over processes by pytest-xdist with test databases
+of its own; each cell's output is printed whole when it ends, and a table of every step's wall time closes
+the run (docs/contributing.md).
 """
 
 from __future__ import annotations
 
 import argparse
+import contextlib
 import hashlib
 import os
 import re
 import shutil
+import signal
 import socket
 import subprocess
 import sys
+import time
+from dataclasses import dataclass, field
 from pathlib import Path
 from urllib.parse import urlparse
 
 ROOT = Path(__file__).resolve().parent
 DEFAULT_PG_URL = "postgres://postgres@127.0.0.1:5432/test"
 DEFAULT_MARIADB_URL = "mysql://root@127.0.0.1:3306/test"
-#: What the MariaDB cells run: every layer (issue 20). The tests of PostgreSQL-only machinery (PgBouncer,
-#: LISTEN/NOTIFY, the role's timeouts, psycopg's pool, bench/run.py's smoke run) skip there, saying so; as
-#: in the other cells, the suites marked slow run in the Django 5.2 cell only.
-MARIADB_TESTS = [
-    "tests/unit",
-    "tests/db",
-    "tests/worker",
-    "tests/acceptance",
-    "tests/integration",
-]
 #: Run once more with USE_TZ = False (naive times in a zone away from UTC): what handles time.
 NAIVE_TIME_TESTS = [
     "tests/db/test_housekeeping.py",
@@ -146,90 +147,334 @@ def cmd_demo(args: argparse.Namespace) -> None:
     run(python, "manage.py", "demo", "--orders", str(args.orders), env=env)
 
 
+@dataclass
+class Cell:
+    """One step of ``dev.py test``: a command, its environment, and how many processes it keeps busy."""
+
+    label: str
+    argv: list[str]
+    env: dict[str, str] = field(default_factory=dict)
+    weight: int = 1
+    #: A pytest run, whose closing counts add up to the run's totals.
+    pytest: bool = True
+
+
+@dataclass
+class Outcome:
+    cell: Cell
+    returncode: int
+    started: float
+    seconds: float
+    counts: dict[str, int]
+
+
+#: pytest's closing line, "1764 passed, 32 skipped in 794.02s (0:13:14)" (with -q; framed by = without).
+SUMMARY = re.compile(r"^=*\s*((?:\d+ [a-z]+(?:, )?)+) in [\d.]+s", re.M)
+COUNT = re.compile(r"(\d+) ([a-z]+)")
+COVERAGE_DIR = ROOT / ".coverage-data"
+
+
+def pytest_counts(text: str) -> dict[str, int]:
+    found = SUMMARY.findall(text)
+    if not found:
+        return {}
+    counts: dict[str, int] = {}
+    for number, word in COUNT.findall(found[-1]):
+        word = {"error": "errors", "warning": "warnings"}.get(word, word)
+        counts[word] = counts.get(word, 0) + int(number)
+    return counts
+
+
+def clock(seconds: float) -> str:
+    minutes, rest = divmod(round(seconds), 60)
+    return f"{minutes}:{rest:02d}"
+
+
+def run_cells(cells: list[Cell], slots: int) -> list[Outcome]:
+    """Run the cells side by side, at most ``slots`` processes' worth at once, in the order given (the
+    longest first): a cell too big for the slots left waits while smaller ones after it fill them. Each
+    cell's output goes to a log of its own and is printed whole when the cell ends, so outputs never mix."""
+    logs = ROOT / ".dev-logs"
+    logs.mkdir(exist_ok=True)
+    pending = list(cells)
+    running: dict[subprocess.Popen[bytes], tuple[Cell, float, Path]] = {}
+    outcomes: list[Outcome] = []
+    began = time.monotonic()
+    try:
+        while pending or running:
+            busy = sum(cell.weight for cell, _, _ in running.values())
+            for cell in list(pending):
+                if running and busy + cell.weight > slots:
+                    continue
+                log = logs / (re.sub(r"[^a-z0-9]+", "-", cell.label.lower()).strip("-") + ".log")
+                print(f"[{clock(time.monotonic() - began)}] started: {cell.label}", flush=True)
+                with log.open("wb") as out:
+                    proc = subprocess.Popen(
+                        cell.argv,
+                        cwd=ROOT,
+                        env={**os.environ, **cell.env},
+                        stdin=subprocess.DEVNULL,
+                        stdout=out,
+                        stderr=subprocess.STDOUT,
+                        start_new_session=True,  # Ctrl-C here stops its whole process group, below
+                    )
+                running[proc] = (cell, time.monotonic(), log)
+                busy += cell.weight
+                pending.remove(cell)
+            time.sleep(0.2)
+            for proc in [p for p in running if p.poll() is not None]:
+                cell, started, log = running.pop(proc)
+                seconds = time.monotonic() - started
+                text = log.read_text(errors="replace")
+                outcome = Outcome(cell, proc.returncode, started - began, seconds, pytest_counts(text))
+                outcomes.append(outcome)
+                verdict = "passed" if proc.returncode == 0 else f"FAILED (exit {proc.returncode})"
+                print(f"\n=== {cell.label} ===\n+ {' '.join(cell.argv)}\n{text.rstrip()}", flush=True)
+                print(f"=== {cell.label}: {verdict} in {clock(seconds)} ===\n", flush=True)
+    finally:
+        for proc in running:  # interrupted: no cell outlives the command
+            with contextlib.suppress(ProcessLookupError):
+                os.killpg(proc.pid, signal.SIGTERM)
+    return outcomes
+
+
+def print_table(outcomes: list[Outcome], wall: float) -> bool:
+    """Every step's start, wall time and counts, so a change that makes one slower shows at once."""
+    width = max(len(o.cell.label) for o in outcomes)
+    print(f"\n{'step':<{width}}  start   wall  result")
+    totals: dict[str, int] = {}
+    for o in sorted(outcomes, key=lambda o: o.started):
+        for word, number in o.counts.items():
+            totals[word] = totals.get(word, 0) + number
+        counts = ", ".join(f"{n} {w}" for w, n in o.counts.items())
+        result = ("ok" if o.returncode == 0 else f"FAILED (exit {o.returncode})") + (f": {counts}" if counts else "")
+        print(f"{o.cell.label:<{width}}  {clock(o.started):>5}  {clock(o.seconds):>5}  {result}")
+    failed = [o.cell.label for o in outcomes if o.returncode != 0]
+    print(f"{'wall time of the whole run':<{width}}  {'':>5}  {clock(wall):>5}")
+    if failed:
+        print(f"\nfailed: {', '.join(failed)}")
+    # The closing line: the tests of every cell together.
+    failures = totals.get("failed", 0) + totals.get("errors", 0)
+    print(f"\ntotal: {totals.get('passed', 0)} passed, {failures} failed, {totals.get('skipped', 0)} skipped")
+    return not failed
+
+
+def pytest_cell(
+    label: str,
+    python: Path,
+    selected: list[str],
+    env: dict[str, str],
+    *,
+    processes: int,
+    suffix: str,
+    extra: list[str] | None = None,
+    coverage: bool = False,
+) -> Cell:
+    """A pytest run with test databases of its own (``suffix``), spread over ``processes`` by pytest-xdist
+    (whole modules to one process: a module's fixtures and its order stay as written)."""
+    spread = ["-n", str(processes), "--dist", "loadfile"] if processes > 1 else ["-p", "no:xdist"]
+    runner = [str(python), "-m", "coverage", "run", "-m", "pytest"] if coverage else [str(python), "-m", "pytest"]
+    cell_env = {**env, "TEST_DATABASE_SUFFIX": suffix}
+    if coverage:
+        cell_env.update(coverage_env())
+    return Cell(label, [*runner, *spread, *(extra or []), *selected], cell_env, weight=max(processes, 1))
+
+
+def coverage_env() -> dict[str, str]:
+    """Each process (xdist's, the workers a test starts, a chaos run's) writes its own data file here;
+    pyproject.toml's [tool.coverage] measures the package, lines and branches, in subprocesses too."""
+    return {"COVERAGE_FILE": str(COVERAGE_DIR / ".coverage"), "COVERAGE_RCFILE": str(ROOT / "pyproject.toml")}
+
+
 def cmd_test(args: argparse.Namespace) -> None:
     python = main_venv()
     ci = os.environ.get("CI") == "true"
     pytest_args = list(args.pytest_args)
-    if not args.no_lint:
-        run(python, "-m", "ruff", "check", ".")
-        run(python, "-m", "ruff", "format", "--check", ".")
-        run(python, "-m", "mypy", ".")
-        # The docs site: any broken link, anchor or page left out of the nav fails the build.
-        run(python, "-m", "mkdocs", "build", "--strict", "--quiet", env={"NO_MKDOCS_2_WARNING": "1"})
+    whole = not pytest_args  # the whole suite, as against tests chosen on the command line
+    quick = args.quick
+    if args.coverage:
+        shutil.rmtree(COVERAGE_DIR, ignore_errors=True)
+        COVERAGE_DIR.mkdir()
     pg_url = os.environ.get("DATABASE_URL") or DEFAULT_PG_URL
-    have_pg = postgres_reachable(pg_url)
+    have_pg = args.database in ("all", "postgresql") and postgres_reachable(pg_url)
     if not have_pg and args.database in ("all", "postgresql"):
         if ci:
             sys.exit(f"PostgreSQL is not reachable at {pg_url}; under CI=true that is a failure.")
-        print(f"! PostgreSQL not reachable at {pg_url}: running on SQLite only", flush=True)
+        print(f"! PostgreSQL not reachable at {pg_url}: running without it", flush=True)
     mariadb_url = os.environ.get("MARIADB_URL") or DEFAULT_MARIADB_URL
-    want_mariadb = args.database in ("all", "mariadb")
+    want_mariadb = args.database in ("all", "mariadb") and not quick
     have_mariadb = want_mariadb and postgres_reachable(mariadb_url, default_port=3306)
     if want_mariadb and not have_mariadb:
         if ci:
             sys.exit(f"MariaDB is not reachable at {mariadb_url}; under CI=true that is a failure.")
         print(f"! MariaDB not reachable at {mariadb_url}: skipping the MariaDB runs", flush=True)
-    runs: list[tuple[str, Path, dict[str, str]]] = []
     pooler_modes = ["transaction", "session"] if args.pooler == "both" else [args.pooler]
-    if (args.pooler != "none" and not pytest_args) or args.pooler not in ("both", "none"):
-        if not have_pg or args.database in ("sqlite", "mariadb"):
-            pooler_modes = []
-        elif not PGBOUNCER.exists():
-            if ci:
-                sys.exit(f"{PGBOUNCER} is missing (apt-get install pgbouncer); under CI=true that is a failure.")
-            print(f"! {PGBOUNCER} not found: skipping the runs through PgBouncer", flush=True)
-            pooler_modes = []
-    else:
+    if args.pooler == "none" or quick or (args.pooler == "both" and not whole) or not have_pg:
         pooler_modes = []
-    pooled = [(f"Django 5.2 / PostgreSQL through PgBouncer ({mode} pooling)", mode) for mode in pooler_modes]
+    elif not PGBOUNCER.exists():
+        if ci:
+            sys.exit(f"{PGBOUNCER} is missing (apt-get install pgbouncer); under CI=true that is a failure.")
+        print(f"! {PGBOUNCER} not found: skipping the runs through PgBouncer", flush=True)
+        pooler_modes = []
     if args.pooler not in ("both", "none"):  # only that cell, e.g. dev.py test --pooler session -- tests/x.py
-        pooled_only(python, pooled, pg_url, pytest_args)
+        pooled_only(python, pooler_modes, pg_url, pytest_args)
         return
-    if args.database in ("all", "sqlite"):
-        runs.append(("Django 5.2 / SQLite", python, {"DATABASE_URL": ""}))
-    if args.database in ("all", "postgresql") and have_pg:
-        runs.append(("Django 5.2 / PostgreSQL", python, {"DATABASE_URL": pg_url}))
-    if have_mariadb:
-        runs.append(("Django 5.2 / MariaDB", python, {"DATABASE_URL": mariadb_url}))
-    naive = [] if pytest_args else [label for label, _, _ in runs if "MariaDB" not in label]  # whole-suite runs
-    if not args.no_django6:
+    python6: Path | None = None
+    if not args.no_django6 and not quick:
         newer = find_python(12)
         if newer is None:
             if ci:
                 sys.exit("Django 6.x needs Python 3.12+, and none was found; under CI=true that is a failure.")
-            print("! no Python 3.12+ found: skipping the Django 6.x run", flush=True)
+            print("! no Python 3.12+ found: skipping the Django 6.x cells", flush=True)
         else:
             python6 = ensure_venv(ROOT / ".venv-django6", newer, "django>=6,<7", group="test")
-            if args.database in ("all", "postgresql") and have_pg:
-                runs.append(("Django 6.x / PostgreSQL", python6, {"DATABASE_URL": pg_url}))
-            if args.database in ("all", "sqlite"):
-                runs.append(("Django 6.x / SQLite", python6, {"DATABASE_URL": ""}))
-            if have_mariadb:
-                runs.append(("Django 6.x / MariaDB", python6, {"DATABASE_URL": mariadb_url}))
-    failed = []
-    for label, interpreter, env in runs:
-        # Heavy suites (real worker processes, poolers, shifted clocks, browsers: marked slow) run once,
-        # in the Django 5.2 cells; the Django 6.x cells run the rest.
-        once = ["-m", "not slow"] if label.startswith("Django 6") and not pytest_args else []
-        print(f"\n=== {label}{' (without the slow suites, run above)' if once else ''} ===", flush=True)
-        selected = pytest_args or (MARIADB_TESTS if "MariaDB" in label else [])
-        if run(interpreter, "-m", "pytest", *once, *selected, env=env, check=False) != 0:
-            failed.append(label)
-    for label, mode in pooled:
-        print(f"\n=== {label} ===", flush=True)
-        if run(python, "-m", "pytest", *POOLER_TESTS, env=pooler_env(pg_url, mode), check=False) != 0:
-            failed.append(label)
-    for label, interpreter, env in [r for r in runs if r[0] in naive]:
-        label = f"{label}, USE_TZ = False"
-        print(f"\n=== {label} ===", flush=True)
-        if run(interpreter, "-m", "pytest", *NAIVE_TIME_TESTS, env={**env, "TEST_USE_TZ": "0"}, check=False) != 0:
-            failed.append(label)
-    if failed:
-        sys.exit(f"test runs failed: {', '.join(failed)}")
-    print(
-        f"\nall test runs passed: {', '.join([label for label, _, _ in runs] + [label for label, _ in pooled])}"
-        + (", and USE_TZ = False" if naive else "")
-    )
+
+    databases: list[tuple[str, str, dict[str, str]]] = []  # (name, suffix, environment)
+    if have_pg:
+        databases.append(("PostgreSQL", "pg", {"DATABASE_URL": pg_url}))
+    if have_mariadb:
+        databases.append(("MariaDB", "maria", {"DATABASE_URL": mariadb_url}))
+    if args.database in ("all", "sqlite"):
+        databases.append(("SQLite", "lite", {"DATABASE_URL": ""}))
+    versions: list[tuple[str, str, Path]] = [("Django 5.2", "dj5", python)]
+    if python6 is not None:
+        versions.append(("Django 6.x", "dj6", python6))
+
+    n = args.processes
+    cov = args.coverage
+    cells: list[Cell] = []
+    if whole:
+        # The database layers on each database and Django version (the heaviest first). The suites marked
+        # slow (real processes, poolers, browsers, shifted clocks) run in the Django 5.2 cells only.
+        layers = DATABASE_LAYERS_QUICK if quick else DATABASE_LAYERS
+        for version, vtag, interpreter in versions:
+            once = ["-m", "not slow"] if vtag == "dj6" else []
+            for name, dtag, env in databases:
+                label = f"{version} / {name}"
+                cells.append(
+                    pytest_cell(
+                        label, interpreter, layers, env, processes=n, suffix=f"{vtag}{dtag}", extra=once, coverage=cov
+                    )
+                )
+        # The unit layer needs no database: once per Django version.
+        for version, vtag, interpreter in versions:
+            unit_env = {"DATABASE_URL": ""}
+            cells.append(
+                pytest_cell(
+                    f"{version} / unit layer",
+                    interpreter,
+                    ["tests/unit"],
+                    unit_env,
+                    processes=1,
+                    suffix=f"{vtag}unit",
+                    coverage=cov,
+                )
+            )
+        for mode in pooler_modes:
+            label = f"Django 5.2 / PostgreSQL through PgBouncer ({mode} pooling)"
+            cells.append(
+                pytest_cell(
+                    label,
+                    python,
+                    POOLER_TESTS,
+                    pooler_env(pg_url, mode),
+                    processes=2,
+                    suffix=f"pgb{mode[0]}",
+                    coverage=cov,
+                )
+            )
+        if not quick:
+            for version, vtag, interpreter in versions:
+                for name, dtag, env in databases:
+                    if name == "MariaDB":
+                        continue
+                    label = f"{version} / {name}, USE_TZ = False"
+                    naive_env = {**env, "TEST_USE_TZ": "0"}
+                    cells.append(
+                        pytest_cell(
+                            label,
+                            interpreter,
+                            NAIVE_TIME_TESTS,
+                            naive_env,
+                            processes=2,
+                            suffix=f"{vtag}{dtag}naive",
+                            coverage=cov,
+                        )
+                    )
+        if not args.no_chaos and not quick:
+            cells += chaos_cells(python, databases, pooler_modes, coverage=cov)
+    else:
+        for version, vtag, interpreter in versions:
+            once = ["-m", "not slow"] if vtag == "dj6" else []
+            for name, dtag, env in databases:
+                label = f"{version} / {name}"
+                cells.append(
+                    pytest_cell(
+                        label,
+                        interpreter,
+                        pytest_args,
+                        env,
+                        processes=1,
+                        suffix=f"{vtag}{dtag}",
+                        extra=once,
+                        coverage=cov,
+                    )
+                )
+    if not args.no_lint:
+        cells += [
+            Cell("ruff check", [str(python), "-m", "ruff", "check", "."], pytest=False),
+            Cell("ruff format --check", [str(python), "-m", "ruff", "format", "--check", "."], pytest=False),
+            Cell("mypy", [str(python), "-m", "mypy", "."], pytest=False),
+        ]
+        if not quick:
+            # The docs site: any broken link, anchor or page left out of the nav fails the build.
+            docs = [str(python), "-m", "mkdocs", "build", "--strict", "--quiet"]
+            cells.append(Cell("mkdocs build --strict", docs, {"NO_MKDOCS_2_WARNING": "1"}, pytest=False))
+    began = time.monotonic()
+    outcomes = run_cells(cells, args.slots)
+    passed = print_table(outcomes, time.monotonic() - began)
+    if cov:
+        report_coverage(python)
+    if not passed:
+        sys.exit(1)
+
+
+#: The layers that need a database; tests/unit runs once per Django version, apart.
+DATABASE_LAYERS = ["tests/db", "tests/worker", "tests/integration", "tests/acceptance"]
+#: --quick: the database layer only.
+DATABASE_LAYERS_QUICK = ["tests/db"]
+
+
+def chaos_cells(
+    python: Path, databases: list[tuple[str, str, dict[str, str]]], pooler_modes: list[str], *, coverage: bool
+) -> list[Cell]:
+    """The short fault-injection scenarios (bench/chaos.py --quick): each on a private server of its own
+    (killed and restarted mid-run), so they run beside the test cells. Each fails if a message is lost, a
+    duplicate is not explained by the audit log, or an effect was lost or applied twice."""
+    names = {name for name, _, _ in databases}
+    runs: list[tuple[str, list[str]]] = []
+    if "PostgreSQL" in names:
+        runs += [("chaos: Redis, PostgreSQL", ["--broker", "redis"])]
+        runs += [("chaos: Kafka, PostgreSQL", ["--broker", "kafka"])]
+        if "transaction" in pooler_modes:
+            runs += [("chaos: Redis, PostgreSQL through PgBouncer", ["--broker", "redis", "--pooler", "transaction"])]
+    if "SQLite" in names:
+        runs += [("chaos: Redis, SQLite", ["--broker", "redis", "--database", "sqlite"])]
+    if "MariaDB" in names:
+        runs += [("chaos: Redis, MariaDB", ["--broker", "redis", "--database", "mariadb"])]
+    runner = [str(python), "-m", "coverage", "run"] if coverage else [str(python)]
+    env = coverage_env() if coverage else {}
+    return [
+        Cell(label, [*runner, "bench/chaos.py", "--quick", *more], env, weight=2, pytest=False) for label, more in runs
+    ]
+
+
+def report_coverage(python: Path) -> None:
+    """Line and branch coverage of django_outbox over every cell, combined."""
+    env = coverage_env()
+    run(python, "-m", "coverage", "combine", "--quiet", env=env, check=False)
+    run(python, "-m", "coverage", "report", "--skip-covered", "--sort", "cover", env=env, check=False)
+    run(python, "-m", "coverage", "json", "--quiet", "-o", COVERAGE_DIR / "coverage.json", env=env, check=False)
 
 
 def pooler_env(pg_url: str, mode: str) -> dict[str, str]:
@@ -237,13 +482,13 @@ def pooler_env(pg_url: str, mode: str) -> dict[str, str]:
     return {"DATABASE_URL": pg_url, "TEST_POOLER": mode, "TEST_POOLER_DIRECT": ""}
 
 
-def pooled_only(python: Path, pooled: list[tuple[str, str]], pg_url: str, pytest_args: list[str]) -> None:
-    if not pooled:
+def pooled_only(python: Path, pooler_modes: list[str], pg_url: str, pytest_args: list[str]) -> None:
+    if not pooler_modes:
         sys.exit("no run through PgBouncer possible here (PostgreSQL or pgbouncer missing)")
-    label, mode = pooled[0]
-    print(f"\n=== {label} ===", flush=True)
+    mode = pooler_modes[0]
+    print(f"\n=== Django 5.2 / PostgreSQL through PgBouncer ({mode} pooling) ===", flush=True)
     if run(python, "-m", "pytest", *(pytest_args or POOLER_TESTS), env=pooler_env(pg_url, mode), check=False):
-        sys.exit(f"test run failed: {label}")
+        sys.exit(f"test run failed: PgBouncer ({mode} pooling)")
 
 
 def main() -> None:
@@ -253,15 +498,33 @@ def main() -> None:
     demo.add_argument("--orders", type=int, default=5)
     demo.set_defaults(func=cmd_demo)
     test = sub.add_parser("test", help="lint, type-check and run the test suite")
+    test.add_argument(
+        "--quick",
+        action="store_true",
+        help="the inner loop: lint, types, unit and database layers on SQLite and PostgreSQL, Django 5.2",
+    )
     test.add_argument("--database", choices=["all", "sqlite", "postgresql", "mariadb"], default="all")
-    test.add_argument("--no-django6", action="store_true", help="skip the Django 6.x runs")
-    test.add_argument("--no-lint", action="store_true", help="skip ruff and mypy")
+    test.add_argument("--no-django6", action="store_true", help="skip the Django 6.x cells")
+    test.add_argument("--no-lint", action="store_true", help="skip ruff, mypy and the docs build")
+    test.add_argument("--no-chaos", action="store_true", help="skip the quick chaos runs")
     test.add_argument(
         "--pooler",
         choices=["both", "transaction", "session", "none"],
         default="both",
-        help="the core modules through PgBouncer: both modes after a whole-suite run (default), one mode"
+        help="the core modules through PgBouncer: both modes in a whole run (default), one mode"
         " only (with the pytest arguments given, or the core modules), or none",
+    )
+    cores = os.cpu_count() or 2
+    test.add_argument("--processes", type=int, default=3, help="pytest-xdist processes per database cell (default 3)")
+    test.add_argument(
+        "--slots",
+        type=int,
+        default=4 * cores,
+        help=f"processes' worth of cells run at once (default 4 per core: {4 * cores}); most tests wait on"
+        " servers, sockets and worker processes, so a core keeps several busy",
+    )
+    test.add_argument(
+        "--coverage", action="store_true", help="measure line and branch coverage of django_outbox, combined"
     )
     test.add_argument("pytest_args", nargs=argparse.REMAINDER, help="passed to pytest (after --)")
     test.set_defaults(func=cmd_test)

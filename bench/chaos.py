@@ -78,8 +78,6 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
 SETTINGS = "bench.chaos_settings"
-DEFAULT_PORT = 55432  # the private PostgreSQL's (or the next free)
-DEFAULT_MARIADB_PORT = 53306  # the private MariaDB's
 REDIS_URL = "redis://127.0.0.1:6379/0"  # the stream consumer and the audit read Redis directly, not through the proxy
 KEY_PREFIX = "chaos-"
 TOPIC = "chaos.consumer"  # bench/chaos_consumer/outbox.py: the inbox consumer
@@ -120,14 +118,16 @@ def log(text: str) -> None:
 # --- the private PostgreSQL cluster --------------------------------------------------------------
 
 
-def _free_port(preferred: int) -> int:
-    for port in [preferred, *range(preferred + 1, preferred + 50)]:
+def _free_port(preferred: int | None) -> int:
+    """``preferred`` or the next free port after it, or, with none asked for, one the kernel picks: runs
+    side by side (the test command runs several chaos runs and test cells at once) never race for one port."""
+    for port in [0] if preferred is None else [preferred, *range(preferred + 1, preferred + 50)]:
         with socket.socket() as sock:
             try:
                 sock.bind(("127.0.0.1", port))
             except OSError:
                 continue
-            return int(port)
+            return int(sock.getsockname()[1])
     raise RuntimeError(f"no free port near {preferred}")
 
 
@@ -146,7 +146,7 @@ class PrivateCluster:
 
     name = "PostgreSQL"
 
-    def __init__(self, port: int) -> None:
+    def __init__(self, port: int | None) -> None:
         self.bindir = _pg_bindir()
         self.dir = Path(tempfile.mkdtemp(prefix="outbox-chaos-pg-"))
         self.data = self.dir / "data"
@@ -200,7 +200,7 @@ class PrivateMariaDB:
 
     name = "MariaDB"
 
-    def __init__(self, port: int) -> None:
+    def __init__(self, port: int | None) -> None:
         self.server = shutil.which("mariadbd") or "/usr/sbin/mariadbd"
         self.install = shutil.which("mariadb-install-db") or "/usr/bin/mariadb-install-db"
         if not (Path(self.server).exists() and Path(self.install).exists()):
@@ -605,7 +605,7 @@ def chaos(args: argparse.Namespace) -> int:
     if args.database == "postgresql":
         cluster = PrivateCluster(args.port)
     elif args.database == "mariadb":
-        cluster = PrivateMariaDB(args.port if args.port != DEFAULT_PORT else DEFAULT_MARIADB_PORT)
+        cluster = PrivateMariaDB(args.port)
     workdir = Path(tempfile.mkdtemp(prefix="outbox-chaos-run-"))
     pooler = None
     failed = True
@@ -1135,8 +1135,8 @@ def main() -> None:
     parser.add_argument(
         "--port",
         type=int,
-        default=DEFAULT_PORT,
-        help=f"port of the private server, or the next free ({DEFAULT_PORT}; MariaDB: {DEFAULT_MARIADB_PORT})",
+        default=None,
+        help="port of the private server, or the next free after it (default: a free port the system picks)",
     )
     parser.add_argument(
         "--database",

@@ -1,7 +1,7 @@
 from __future__ import annotations
 
 import os
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Generator, Iterator
 
 import pytest
 from django.db import connection
@@ -27,6 +27,22 @@ hypothesis_settings.register_profile(
 hypothesis_settings.register_profile("dev", max_examples=100, deadline=None, suppress_health_check=SUPPRESSED)
 hypothesis_settings.register_profile("thorough", max_examples=2000, deadline=None, suppress_health_check=SUPPRESSED)
 hypothesis_settings.load_profile(os.environ.get("HYPOTHESIS_PROFILE") or ("ci" if IN_CI else "dev"))
+
+
+@pytest.hookimpl(wrapper=True)
+def pytest_runtest_makereport(
+    item: pytest.Item, call: pytest.CallInfo[None]
+) -> Generator[None, pytest.TestReport, pytest.TestReport]:
+    """A test's captured output may hold what a hostile input put there (a lone surrogate in an error
+    text the relay logged): pytest-xdist sends each report to the main process as UTF-8, and one such
+    character would end the worker process. Escaped here, as the relay escapes it in what it stores."""
+    report = yield
+    report.sections = [(title, _encodable(text)) for title, text in report.sections]
+    return report
+
+
+def _encodable(text: str) -> str:
+    return text.encode("utf-8", "backslashreplace").decode("utf-8")
 
 
 def pytest_report_header() -> str | None:

@@ -29,6 +29,13 @@ if _other["ENGINE"] == "django.db.backends.sqlite3":
 else:
     _other["NAME"] = f"{_other['NAME']}_other"
     _other["TEST"] = {k: v for k, v in _other.get("TEST", {}).items() if k in ("CHARSET", "COLLATION")}
+    # Named, so a test can tell whether the session made it (tests/support/processes.py), also when
+    # pytest-xdist gives each of its processes databases of their own (``_gw0``, ``_gw1``, ...).
+    _other["TEST"]["NAME"] = f"test_{_other['NAME']}"
+# A process a test starts is handed the test session's "other" database by name: its settings cannot
+# derive it from the default's once pytest-xdist has suffixed both.
+if os.environ.get("TEST_OTHER_DATABASE_NAME"):
+    _other["NAME"] = os.environ["TEST_OTHER_DATABASE_NAME"]
 DATABASES["other"] = _other  # noqa: F405
 # A process a test starts (tests/support/processes.py) leaves "other" out when the test session made no
 # test database for it: on Django 6, a command's checks open every alias (MariaDB asks the server its
@@ -48,6 +55,14 @@ if os.environ.get("TEST_DB_SETTINGS"):
 from tests.support import pooled  # noqa: E402
 
 pooled.route(DATABASES)  # noqa: F405
+
+# TEST_DATABASE_SUFFIX: test databases of their own for each run the test command starts side by side
+# (``dev.py test`` runs the Django 5.2 and 6.x cells on one server at once); pytest-xdist then adds its own
+# suffix per process (``test_test_dj6_gw0``).
+if os.environ.get("TEST_DATABASE_SUFFIX"):
+    for _db in DATABASES.values():  # noqa: F405
+        _test = _db.setdefault("TEST", {})
+        _test["NAME"] = f"{_test.get('NAME') or 'test_' + _db['NAME']}_{os.environ['TEST_DATABASE_SUFFIX']}"
 
 # Worker processes behind a pooler may LISTEN on a direct alias (OUTBOX["LISTEN_DATABASE"]).
 if os.environ.get("LISTEN_DATABASE_URL"):

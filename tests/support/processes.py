@@ -31,19 +31,18 @@ def worker_env() -> dict[str, str]:
     else:
         env["DATABASE_URL"] = ""
         env["SQLITE_PATH"] = str(settings["NAME"])
-    if not _other_was_created():
+    if _other_was_created():
+        env["TEST_OTHER_DATABASE_NAME"] = str(connections["other"].settings_dict["NAME"])
+    else:
         env["TEST_WITHOUT_OTHER"] = "1"
     return env
 
 
 def _other_was_created() -> bool:
     """Whether the session made the "other" test database: pytest-django creates it only when a collected
-    test declares it, and then renames the alias to the name the subprocess's settings derive from
-    the default's (``<default>_other``) or to its ``TEST`` name on SQLite."""
+    test declares it, and then renames the alias to its ``TEST`` name (suffixed per pytest-xdist process)."""
     other = connections["other"].settings_dict
-    if connection.vendor == "sqlite":
-        return str(other["NAME"]) == str(other.get("TEST", {}).get("NAME"))
-    return str(other["NAME"]) == f"{connection.settings_dict['NAME']}_other"
+    return str(other["NAME"]) == str(other.get("TEST", {}).get("NAME"))
 
 
 def send_in_process(topic: str, env: dict[str, str]) -> float:

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import importlib.util
+import sys
 from types import ModuleType
 
 import pytest
@@ -14,6 +15,7 @@ def _dev() -> ModuleType:
     spec = importlib.util.spec_from_file_location("dev", ROOT / "dev.py")
     assert spec is not None and spec.loader is not None
     module = importlib.util.module_from_spec(spec)
+    sys.modules.setdefault("dev", module)  # its dataclasses look their module up there
     spec.loader.exec_module(module)
     return module
 
