@@ -165,6 +165,8 @@ class Outcome:
     returncode: int
     started: float
     seconds: float
+    #: CPU seconds of the cell's process tree (what a busy machine divides among the cells).
+    cpu: float
     counts: dict[str, int]
 
 
@@ -192,7 +194,7 @@ def clock(seconds: float) -> str:
 
 def run_cells(cells: list[Cell], slots: int) -> list[Outcome]:
     """Run the cells side by side, at most ``slots`` processes' worth at once, in the order given (the
-    longest first): a cell too big for the slots left waits while smaller ones after it fill them. Each
+    longest first), the next starting when its processes fit in the slots left. Each
     cell's output goes to a log of its own and is printed whole when the cell ends, so outputs never mix."""
     logs = ROOT / ".dev-logs"
     logs.mkdir(exist_ok=True)
@@ -203,9 +205,10 @@ def run_cells(cells: list[Cell], slots: int) -> list[Outcome]:
     try:
         while pending or running:
             busy = sum(cell.weight for cell, _, _ in running.values())
-            for cell in list(pending):
-                if running and busy + cell.weight > slots:
-                    continue
+            # In order, the longest first: a later, smaller cell never jumps the queue, or the long ones
+            # would start last and the run would end on them.
+            while pending and (not running or busy + pending[0].weight <= slots):
+                cell = pending.pop(0)
                 log = logs / (re.sub(r"[^a-z0-9]+", "-", cell.label.lower()).strip("-") + ".log")
                 print(f"[{clock(time.monotonic() - began)}] started: {cell.label}", flush=True)
                 with log.open("wb") as out:
@@ -220,13 +223,19 @@ def run_cells(cells: list[Cell], slots: int) -> list[Outcome]:
                     )
                 running[proc] = (cell, time.monotonic(), log)
                 busy += cell.weight
-                pending.remove(cell)
             time.sleep(0.2)
-            for proc in [p for p in running if p.poll() is not None]:
+            for proc in list(running):
+                # wait4: the exit status and the CPU time of the cell's whole process tree (pytest waits
+                # for its xdist processes and for every worker process a test starts).
+                pid, status, usage = os.wait4(proc.pid, os.WNOHANG)
+                if pid == 0:
+                    continue
+                proc.returncode = os.waitstatus_to_exitcode(status)
                 cell, started, log = running.pop(proc)
                 seconds = time.monotonic() - started
                 text = log.read_text(errors="replace")
-                outcome = Outcome(cell, proc.returncode, started - began, seconds, pytest_counts(text))
+                cpu = usage.ru_utime + usage.ru_stime
+                outcome = Outcome(cell, proc.returncode, started - began, seconds, cpu, pytest_counts(text))
                 outcomes.append(outcome)
                 verdict = "passed" if proc.returncode == 0 else f"FAILED (exit {proc.returncode})"
                 print(f"\n=== {cell.label} ===\n+ {' '.join(cell.argv)}\n{text.rstrip()}", flush=True)
@@ -238,19 +247,22 @@ def run_cells(cells: list[Cell], slots: int) -> list[Outcome]:
     return outcomes
 
 
-def print_table(outcomes: list[Outcome], wall: float) -> bool:
-    """Every step's start, wall time and counts, so a change that makes one slower shows at once."""
+def print_table(outcomes: list[Outcome], setup: float, wall: float) -> bool:
+    """Every step's start, wall time and counts, so a change that makes one slower shows at once. Starts
+    count from the first cell; the virtual environments (made or checked first) are the setup row."""
     width = max(len(o.cell.label) for o in outcomes)
-    print(f"\n{'step':<{width}}  start   wall  result")
+    print(f"\n{'step':<{width}}  start   wall    cpu  result")
+    print(f"{'virtual environments (made or checked)':<{width}}  {'':>5}  {clock(setup):>5}")
     totals: dict[str, int] = {}
     for o in sorted(outcomes, key=lambda o: o.started):
         for word, number in o.counts.items():
             totals[word] = totals.get(word, 0) + number
         counts = ", ".join(f"{n} {w}" for w, n in o.counts.items())
         result = ("ok" if o.returncode == 0 else f"FAILED (exit {o.returncode})") + (f": {counts}" if counts else "")
-        print(f"{o.cell.label:<{width}}  {clock(o.started):>5}  {clock(o.seconds):>5}  {result}")
+        print(f"{o.cell.label:<{width}}  {clock(o.started):>5}  {clock(o.seconds):>5}  {clock(o.cpu):>5}  {result}")
     failed = [o.cell.label for o in outcomes if o.returncode != 0]
-    print(f"{'wall time of the whole run':<{width}}  {'':>5}  {clock(wall):>5}")
+    cpu = sum(o.cpu for o in outcomes)
+    print(f"{'the whole run':<{width}}  {'':>5}  {clock(wall):>5}  {clock(cpu):>5}")
     if failed:
         print(f"\nfailed: {', '.join(failed)}")
     # The closing line: the tests of every cell together.
@@ -287,6 +299,7 @@ def coverage_env() -> dict[str, str]:
 
 
 def cmd_test(args: argparse.Namespace) -> None:
+    began = time.monotonic()
     python = main_venv()
     ci = os.environ.get("CI") == "true"
     pytest_args = list(args.pytest_args)
@@ -328,6 +341,7 @@ def cmd_test(args: argparse.Namespace) -> None:
             print("! no Python 3.12+ found: skipping the Django 6.x cells", flush=True)
         else:
             python6 = ensure_venv(ROOT / ".venv-django6", newer, "django>=6,<7", group="test")
+    setup = time.monotonic() - began
 
     databases: list[tuple[str, str, dict[str, str]]] = []  # (name, suffix, environment)
     if have_pg:
@@ -430,14 +444,34 @@ def cmd_test(args: argparse.Namespace) -> None:
             # The docs site: any broken link, anchor or page left out of the nav fails the build.
             docs = [str(python), "-m", "mkdocs", "build", "--strict", "--quiet"]
             cells.append(Cell("mkdocs build --strict", docs, {"NO_MKDOCS_2_WARNING": "1"}, pytest=False))
-    began = time.monotonic()
+    cells.sort(key=lambda cell: -EXPECTED_MINUTES.get(cell.label, 1.0))
     outcomes = run_cells(cells, args.slots)
-    passed = print_table(outcomes, time.monotonic() - began)
+    passed = print_table(outcomes, setup, time.monotonic() - began)
     if cov:
         report_coverage(python)
     if not passed:
         sys.exit(1)
 
+
+#: Each cell's wall time on a quiet 2-core machine, in minutes (the table of a full run): cells start in
+#: this order, the longest first, so that the run does not end on a long one started late. A cell not
+#: listed counts as a minute.
+EXPECTED_MINUTES = {
+    "Django 5.2 / PostgreSQL": 10.0,
+    "Django 5.2 / MariaDB": 8.0,
+    "Django 5.2 / SQLite": 5.0,
+    "Django 6.x / PostgreSQL": 5.0,
+    "Django 6.x / MariaDB": 4.5,
+    "Django 6.x / SQLite": 3.0,
+    "chaos: Redis, MariaDB": 1.8,
+    "chaos: Redis, PostgreSQL through PgBouncer": 1.6,
+    "chaos: Kafka, PostgreSQL": 1.4,
+    "chaos: Redis, PostgreSQL": 1.3,
+    "chaos: Redis, SQLite": 1.2,
+    "Django 5.2 / PostgreSQL through PgBouncer (session pooling)": 1.7,
+    "Django 5.2 / PostgreSQL through PgBouncer (transaction pooling)": 1.6,
+    "mypy": 1.5,
+}
 
 #: The layers that need a database; tests/unit runs once per Django version, apart.
 DATABASE_LAYERS = ["tests/db", "tests/worker", "tests/integration", "tests/acceptance"]
@@ -519,8 +553,8 @@ def main() -> None:
     test.add_argument(
         "--slots",
         type=int,
-        default=4 * cores,
-        help=f"processes' worth of cells run at once (default 4 per core: {4 * cores}); most tests wait on"
+        default=3 * cores,
+        help=f"processes' worth of cells run at once (default 3 per core: {3 * cores}); most tests wait on"
         " servers, sockets and worker processes, so a core keeps several busy",
     )
     test.add_argument(
