@@ -87,10 +87,11 @@ def _others(count: int) -> list[Message]:
 def test_poison_and_hung_messages_end_dead_without_blocking_other_topics_or_keys(worker_process):
     poison = outbox.send("probe.poison", {"always_fail": True}, key="key-1", max_attempts=3)
     hung = outbox.send("probe.hang", {"sleep": 60}, key="key-2", max_attempts=2)
-    # Two workers with a lease shorter than the timeout: the hung call outlives its lease (renewed meanwhile)
-    # and is bounded by the timeout alone.
+    # Two workers with a lease shorter than the timeout: the hung call outlives its lease (renewed meanwhile,
+    # every third of it) and is bounded by the timeout alone. A lease of a few seconds, not one: a renewal
+    # a busy machine delays by two thirds of a second must not let the other worker reap a healthy call.
     workers = [
-        worker_process("--handler-timeout", "3", "--lease", "1", "--poll-interval", "0.1", "--batch-size", "20")
+        worker_process("--handler-timeout", "5", "--lease", "3", "--poll-interval", "0.1", "--batch-size", "20")
         for _ in range(2)
     ]
     wait_for(lambda: Message.objects.filter(pk=hung.pk, status="processing").exists(), timeout=60)
@@ -102,8 +103,8 @@ def test_poison_and_hung_messages_end_dead_without_blocking_other_topics_or_keys
 
     hung_attempts = list(Attempt.objects.filter(message=hung).order_by("number"))
     assert [(a.number, a.outcome) for a in hung_attempts] == [(1, "failed"), (2, "failed")]
-    assert all("delivery timed out after 3 s" in a.error for a in hung_attempts)
-    assert all(2.5 < (a.finished_at - a.started_at).total_seconds() < 30 for a in hung_attempts)
+    assert all("delivery timed out after 5 s" in a.error for a in hung_attempts)
+    assert all(4.5 < (a.finished_at - a.started_at).total_seconds() < 30 for a in hung_attempts)
     assert "timed out" in Message.objects.get(pk=hung.pk).last_error
     poison_attempts = Attempt.objects.filter(message=poison).order_by("number")
     assert [(a.number, a.outcome) for a in poison_attempts] == [(1, "failed"), (2, "failed"), (3, "failed")]

@@ -19,6 +19,7 @@ def test_the_lines_about_a_message_carry_its_fields(handler, caplog, settings):
     # One attempt each: the retry must not come due while the drain still runs (the suite's 0.05 s
     # backoff can run out on a busy machine, and the drain would then make a second attempt).
     settings.OUTBOX = {**settings.OUTBOX, "BACKOFF_BASE_SECONDS": 60, "BACKOFF_MAX_SECONDS": 60}
+
     def flaky(message):
         if message.payload.get("fail"):
             raise RuntimeError("receiver says no")
