@@ -3,7 +3,7 @@
     python bench/mariadb_ab.py [--variant NAME=MIGRATION[:WORKER OPTIONS]] ... [--messages 10000]
         [--processes 1] [--reps 3]
 
-    python bench/mariadb_ab.py --variant 0009=0009_mysql_shapes --variant 0010=0010_mysql_index_shapes
+    python bench/mariadb_ab.py --variant initial=0001_initial --variant now=latest
     python bench/mariadb_ab.py --variant one=latest:--concurrency=1 --variant two=latest:--concurrency=2
 
 A variant is a state of the ``django_outbox`` migrations (``latest``: all of them) and the options its

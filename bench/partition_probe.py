@@ -2,7 +2,7 @@
 
     python bench/partition_probe.py [--dsn postgres://postgres@127.0.0.1:5432/bench_partition] [--batches 200]
 
-Two hand-made twins of ``django_outbox_message`` with migration 0008's indexes: ``plain`` (one table) and
+Two hand-made twins of ``django_outbox_message`` with the message table's indexes: ``plain`` (one table) and
 ``split`` (``PARTITION BY LIST (status)``: pending and processing rows in a hot partition carrying only the
 claim's indexes, finished rows in a partition carrying the admin's). The same cycle runs on each,
 interleaved: insert 100 pending rows, claim them (the claim's ``UPDATE ... FOR UPDATE SKIP LOCKED``), record

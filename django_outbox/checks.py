@@ -34,7 +34,7 @@ MYSQL_STATEMENT_BINLOG = "django_outbox.E111"
 MYSQL_ISOLATION = "django_outbox.E112"
 #: No index behind the claim's ORDER BY: SKIP LOCKED sessions then lock what they scan and starve each other.
 MYSQL_CLAIM_INDEX = "django_outbox.E113"
-#: Migration 0009 is not applied: no unique idempotency key index, no per-key lock rows.
+#: The initial migration's MariaDB/MySQL shapes are missing: no unique idempotency key index, no per-key lock rows.
 MYSQL_SHAPES_MISSING = "django_outbox.E114"
 
 
@@ -222,10 +222,11 @@ def mysql_messages(alias: str, facts: Mapping[str, Any]) -> list[CheckMessage]:
     if indexes and (mysql.IDEMPOTENCY_INDEX not in indexes or not facts["key_lock"]):
         found.append(
             Error(
-                f"Database {alias!r}: migration 0009 is not applied (no unique index on idempotency_key, or no "
-                "django_outbox_key_lock table): a repeated idempotency key would write a second message, and a "
-                "key's messages could commit out of order.",
-                hint="Run manage.py migrate django_outbox.",
+                f"Database {alias!r}: the outbox's tables lack their MariaDB/MySQL shapes (no unique index on "
+                "idempotency_key, or no django_outbox_key_lock table): a repeated idempotency key would write a "
+                "second message, and a key's messages could commit out of order.",
+                hint="Run manage.py migrate django_outbox; a database migrated before the first release must be "
+                "at its last migration (docs/upgrading.md).",
                 id=MYSQL_SHAPES_MISSING,
             )
         )

@@ -139,15 +139,15 @@ class Message(models.Model):
     @classmethod
     def check(cls, **kwargs: Any) -> list[Any]:
         """Django's own checks, less its warnings that MariaDB/MySQL ignore the conditions of this
-        model's partial indexes and unique constraint (``models.W036``, ``models.W037``): migration 0009
-        gives those their shapes there (a plain unique index for the idempotency key, the claim's
-        ``(status, id)`` index), and check E114 reports a database without it. Left in, a new
+        model's partial indexes and unique constraint (``models.W036``, ``models.W037``): the initial
+        migration gives those their shapes there (a plain unique index for the idempotency key, the claim's
+        ``(status, id)`` index), and check E114 reports a database without them. Left in, a new
         MariaDB project got eight warnings on every command; other models' warnings are untouched."""
-        return [e for e in super().check(**kwargs) if e.id not in _MYSQL_SHAPED_BY_0009]
+        return [e for e in super().check(**kwargs) if e.id not in _MYSQL_SHAPED_BY_MIGRATION]
 
 
-#: Django's warnings about conditions MariaDB/MySQL ignore, answered for ``Message`` by migration 0009.
-_MYSQL_SHAPED_BY_0009 = frozenset({"models.W036", "models.W037"})
+#: Django's warnings about conditions MariaDB/MySQL ignore, answered for ``Message`` by the initial migration.
+_MYSQL_SHAPED_BY_MIGRATION = frozenset({"models.W036", "models.W037"})
 
 
 class Attempt(models.Model):

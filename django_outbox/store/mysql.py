@@ -12,7 +12,7 @@ transaction commits before anything is delivered.
 Commit order: ids are taken at insert and rows appear at commit, so a later id of a key could commit, be
 claimed and delivered before an earlier one still in flight. PostgreSQL guards that on the claim's side;
 MariaDB has no transaction-scoped advisory lock (``GET_LOCK`` outlives the commit), so ``send()`` of a keyed
-message first takes a row lock on that key's row in ``django_outbox_key_lock`` (migration 0009), held to
+message first takes a row lock on that key's row in ``django_outbox_key_lock`` (the initial migration), held to
 the end of the producer's transaction: a second producer of the key waits there before it takes its id,
 so per key, id order is commit order.
 """
@@ -33,13 +33,13 @@ from .db import DEAD, MESSAGE, MYSQL_NOW, PENDING, PROCESSING, decision_now, lit
 from .models import Message
 from .rows import COLUMN_NAMES, to_messages
 
-#: The producers' per-key lock rows (migration 0009 creates the table on MariaDB/MySQL only).
+#: The producers' per-key lock rows (the initial migration creates the table on MariaDB/MySQL only).
 KEY_LOCK = "django_outbox_key_lock"
 #: Every column of the message table, quoted (``key`` is reserved).
 COLUMNS = ", ".join(f"`{c}`" for c in COLUMN_NAMES)
 #: MySQL's error for a duplicate entry in a unique index.
 ER_DUP_ENTRY = 1062
-#: The unique index on ``idempotency_key`` (migration 0009): many NULLs, one row per key.
+#: The unique index on ``idempotency_key`` (the initial migration): many NULLs, one row per key.
 IDEMPOTENCY_INDEX = "outbox_msg_idem_key_uniq"
 #: ``LIKE``'s escape character in topic patterns (a backslash would escape the literal's closing quote).
 LIKE_ESCAPE = "!"

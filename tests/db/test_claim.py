@@ -251,14 +251,3 @@ def test_the_record_commits_durably(postgres):
     with transaction.atomic():
         assert store.record("default", worker="w1", outcomes=[outcome]) == set()
         assert _synchronous_commit() == "on"
-
-
-def test_the_table_keeps_no_commit_order_stamp():
-    """Migration 0007 dropped the fence's column and index: keyed order comes from send()'s key lock."""
-    with connection.cursor() as cursor:
-        columns = {c.name for c in connection.introspection.get_table_description(cursor, "django_outbox_message")}
-        indexes = connection.introspection.get_constraints(cursor, "django_outbox_message")
-    assert "visible_after_xid" not in columns and "key" in columns
-    # The claim's index: the partial one, or on MariaDB/MySQL ``(status, id)`` (migrations 0009 and 0010)
-    claim_index = "outbox_msg_status_id_idx" if connection.vendor == "mysql" else "outbox_msg_pending_idx"
-    assert "outbox_msg_unfenced_idx" not in indexes and claim_index in indexes

@@ -2,7 +2,7 @@
 
 Per-key commit order rests on the key's lock row: a second producer of a key waits for the first
 producer's transaction before it takes its id. The claim is two statements: the SKIP LOCKED select must
-hand concurrent workers disjoint messages. Idempotency keys rest on migration 0009's unique index.
+hand concurrent workers disjoint messages. Idempotency keys rest on the initial migration's unique index.
 """
 
 from __future__ import annotations
@@ -271,7 +271,7 @@ def test_each_server_fact_has_its_check(changes, expected):
 
 def test_a_mariadb_project_gets_no_warning_about_the_outbox_indexes_conditions(mysql):
     """Django warns that MariaDB ignores the conditions of partial indexes and constraints (W036, W037);
-    migration 0009 gives the outbox's their MariaDB shapes, so a new project must not get eight warnings
+    the initial migration gives the outbox's their MariaDB shapes, so a new project must not get eight warnings
     on every command."""
     from django.db import models
 

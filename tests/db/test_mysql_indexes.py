@@ -1,4 +1,4 @@
-"""MariaDB/MySQL: the message table keeps no copy of another index (migration 0010), and the queries of
+"""MariaDB/MySQL: the message table keeps no copy of another index (the initial migration), and the queries of
 the hot path, housekeeping, the admin and the overview each use an index (skipped on the other databases).
 
 Django's ``mysql`` backend makes the model's partial indexes without their conditions: a copy of the
@@ -13,7 +13,6 @@ from typing import Any
 
 import pytest
 from django.db import connection, transaction
-from django.db.migrations.executor import MigrationExecutor
 from django.test.utils import CaptureQueriesContext
 from django.utils import timezone
 
@@ -26,10 +25,7 @@ from django_outbox.store import mysql as store_mysql
 
 pytestmark = [pytest.mark.django_db(transaction=True), pytest.mark.usefixtures("mysql")]
 
-APP = "django_outbox"
-BEFORE = (APP, "0009_mysql_shapes")
-
-#: Every index of the message table on MariaDB/MySQL after 0010, with its columns in order.
+#: Every index of the message table on MariaDB/MySQL, with its columns in order.
 EXPECTED = {
     "PRIMARY": "id",
     "uuid": "uuid",
@@ -65,12 +61,6 @@ SELECT UUID(), 'probe.t', CONCAT('tenant-', seq MOD 5), '{}', '{}', IF(seq <= 20
        0, 5, UTC_TIMESTAMP(6), UTC_TIMESTAMP(6), NULL, ''
 FROM seq_1_to_20500
 """
-
-
-def migrate(target: tuple[str, str] | None) -> None:
-    executor = MigrationExecutor(connection)
-    executor.loader.build_graph()
-    executor.migrate([target] if target is not None else executor.loader.graph.leaf_nodes(APP))
 
 
 def indexes() -> dict[str, str]:
@@ -134,18 +124,6 @@ def test_the_check_still_reports_a_missing_claim_index():
     finally:
         with connection.cursor() as cursor:
             cursor.execute(f"CREATE INDEX {store_mysql.CLAIM_INDEX} ON django_outbox_message (status, id)")
-    assert indexes() == EXPECTED
-
-
-def test_migrating_back_gives_djangos_shapes_and_forward_again():
-    migrate(BEFORE)
-    try:
-        found = indexes()
-        assert found["outbox_msg_pending_idx"] == "id"
-        assert found["outbox_msg_key_open_idx"] == "key,id" == found["outbox_msg_key_idx"]
-        assert check_mysql(databases=["default"]) == []  # the claim's index is 0009's
-    finally:
-        migrate(None)
     assert indexes() == EXPECTED
 
 

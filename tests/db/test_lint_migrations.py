@@ -1,0 +1,51 @@
+"""The migration linter (tools/lint_migrations.py): it fails on an unsafe migration after the initial
+one, naming each rule, passes the same change done the safe way, and passes the package's own
+migrations. PostgreSQL only: the SQL it lints is PostgreSQL's."""
+
+from __future__ import annotations
+
+import pytest
+from django.test import override_settings
+
+from tests.support import IN_CI
+from tools import lint_migrations
+
+pytestmark = [pytest.mark.django_db, pytest.mark.usefixtures("postgres")]
+
+SAMPLES = "tests.support.migration_samples"
+
+
+@pytest.fixture(autouse=True)
+def squawk() -> None:
+    """Skip on a laptop without the npm tree, fail under CI (.ci/run installs it)."""
+    try:
+        lint_migrations.squawk_path()
+    except lint_migrations.LinterUnavailable as exc:
+        if IN_CI:
+            pytest.fail(f"{exc}; under CI=true this is a failure")
+        pytest.skip(str(exc))
+
+
+def test_the_packages_own_migrations_pass():
+    result = lint_migrations.lint()
+    assert result.passed, result.report
+    assert result.linted == tuple(lint_migrations.migrations_to_lint())
+    assert "0001_initial" not in result.linted
+
+
+@override_settings(MIGRATION_MODULES={"django_outbox": f"{SAMPLES}.unsafe"})
+def test_an_unsafe_migration_fails_naming_each_rule():
+    result = lint_migrations.lint()
+    assert result.linted == ("0002_unsafe",)
+    assert not result.passed, result.report
+    for rule in ("require-concurrent-index-creation", "adding-required-field", "require-lock-timeout"):
+        assert rule in result.report, result.report
+
+
+# transaction=True: Django writes a concurrent index's SQL only outside a transaction.
+@pytest.mark.django_db(transaction=True)
+@override_settings(MIGRATION_MODULES={"django_outbox": f"{SAMPLES}.safe"})
+def test_the_same_change_done_the_safe_way_passes():
+    result = lint_migrations.lint()
+    assert result.linted == ("0002_safe",)
+    assert result.passed, result.report
