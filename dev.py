@@ -63,6 +63,7 @@ POOLER_TESTS = [
     "tests/worker/test_wakeup.py",
 ]
 PGBOUNCER = Path("/usr/sbin/pgbouncer")
+SQUAWK = ROOT / "tests" / "support" / "node" / "node_modules" / "@squawk-cli" / "linux-x64" / "bin" / "squawk"
 
 
 def run(*cmd: str | Path, env: dict[str, str] | None = None, check: bool = True) -> int:
@@ -441,6 +442,14 @@ def cmd_test(args: argparse.Namespace) -> None:
             Cell("ruff format --check", [str(python), "-m", "ruff", "format", "--check", "."], pytest=False),
             Cell("mypy", [str(python), "-m", "mypy", "."], pytest=False),
         ]
+        if have_pg:
+            # Squawk over each migration after the initial one (docs/upgrading.md): an operation that would
+            # stop send() on a live table fails. It needs tests/support/node's packages (npm ci).
+            if SQUAWK.exists() or ci:
+                lint = [str(python), "tools/lint_migrations.py", "--database-url", pg_url]
+                cells.append(Cell("migration linter (Squawk)", lint, pytest=False))
+            else:
+                print(f"! {SQUAWK} missing (npm ci --prefix tests/support/node): not linting migrations", flush=True)
         if not quick:
             # The docs site: any broken link, anchor or page left out of the nav fails the build.
             docs = [str(python), "-m", "mkdocs", "build", "--strict", "--quiet"]

@@ -28,7 +28,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
-SQUAWK = ROOT / "tests" / "support" / "node" / "node_modules" / ".bin" / "squawk"
+SQUAWK = ROOT / "tests" / "support" / "node" / "node_modules" / "@squawk-cli" / "linux-x64" / "bin" / "squawk"
 APP = "django_outbox"
 #: Where sqlmigrate connects when no PostgreSQL DATABASE_URL is set: the server's maintenance database.
 DEFAULT_URL = "postgres://postgres@127.0.0.1:5432/postgres"
