@@ -355,7 +355,9 @@ def cmd_test(args: argparse.Namespace) -> None:
     if python6 is not None:
         versions.append(("Django 6.x", "dj6", python6))
 
-    n = args.processes
+    def processes(label: str) -> int:
+        return args.processes or PROCESSES.get(label, 2)
+
     cov = args.coverage
     cells: list[Cell] = []
     if whole:
@@ -368,7 +370,14 @@ def cmd_test(args: argparse.Namespace) -> None:
                 label = f"{version} / {name}"
                 cells.append(
                     pytest_cell(
-                        label, interpreter, layers, env, processes=n, suffix=f"{vtag}{dtag}", extra=once, coverage=cov
+                        label,
+                        interpreter,
+                        layers,
+                        env,
+                        processes=processes(label),
+                        suffix=f"{vtag}{dtag}",
+                        extra=once,
+                        coverage=cov,
                     )
                 )
         # The unit layer needs no database: once per Django version.
@@ -483,6 +492,10 @@ EXPECTED_MINUTES = {
     "mypy": 1.5,
 }
 
+#: pytest-xdist processes of the cells that hold the heavy suites, so they end with the others (2 for the
+#: rest): on its own the Django 5.2 / PostgreSQL cell is twice as long as any other.
+PROCESSES = {"Django 5.2 / PostgreSQL": 4}
+
 #: The layers that need a database; tests/unit runs once per Django version, apart.
 DATABASE_LAYERS = ["tests/db", "tests/worker", "tests/integration", "tests/acceptance"]
 #: --quick: the database layer only.
@@ -566,12 +579,16 @@ def main() -> None:
         " only (with the pytest arguments given, or the core modules), or none",
     )
     cores = os.cpu_count() or 2
-    test.add_argument("--processes", type=int, default=2, help="pytest-xdist processes per database cell (default 2)")
+    test.add_argument(
+        "--processes",
+        type=int,
+        help="pytest-xdist processes of each database cell (default: 4 for Django 5.2 on PostgreSQL, 2 for the others)",
+    )
     test.add_argument(
         "--slots",
         type=int,
-        default=3 * cores,
-        help=f"processes' worth of cells run at once (default 3 per core: {3 * cores}); most tests wait on"
+        default=4 * cores,
+        help=f"processes' worth of cells run at once (default 4 per core: {4 * cores}); most tests wait on"
         " servers, sockets and worker processes, so a core keeps several busy",
     )
     test.add_argument(
