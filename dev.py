@@ -360,26 +360,28 @@ def cmd_test(args: argparse.Namespace) -> None:
 
     cov = args.coverage
     cells: list[Cell] = []
-    if whole:
-        # The database layers on each database and Django version (the heaviest first). The suites marked
-        # slow (real processes, poolers, browsers, shifted clocks) run in the Django 5.2 cells only.
-        layers = DATABASE_LAYERS_QUICK if quick else DATABASE_LAYERS
-        for version, vtag, interpreter in versions:
-            once = ["-m", "not slow"] if vtag == "dj6" else []
-            for name, dtag, env in databases:
-                label = f"{version} / {name}"
-                cells.append(
-                    pytest_cell(
-                        label,
-                        interpreter,
-                        layers,
-                        env,
-                        processes=processes(label),
-                        suffix=f"{vtag}{dtag}",
-                        extra=once,
-                        coverage=cov,
-                    )
+    # The database layers (or the tests named) on each database and Django version, the heaviest first.
+    # The suites marked slow (real processes, poolers, browsers, shifted clocks) run in the Django 5.2
+    # cells only.
+    selected = (DATABASE_LAYERS_QUICK if quick else DATABASE_LAYERS) if whole else pytest_args
+    for version, vtag, interpreter in versions:
+        once = ["-m", "not slow"] if vtag == "dj6" and whole else []  # tests named by hand run as asked
+        for name, dtag, env in databases:
+            label = f"{version} / {name}"
+            spread = processes(label) if whole else 1
+            cells.append(
+                pytest_cell(
+                    label,
+                    interpreter,
+                    selected,
+                    env,
+                    processes=spread,
+                    suffix=f"{vtag}{dtag}",
+                    extra=once,
+                    coverage=cov,
                 )
+            )
+    if whole:
         # The unit layer needs no database: once per Django version.
         for version, vtag, interpreter in versions:
             unit_env = {"DATABASE_URL": ""}
@@ -428,23 +430,6 @@ def cmd_test(args: argparse.Namespace) -> None:
                     )
         if not args.no_chaos and not quick:
             cells += chaos_cells(python, databases, pooler_modes, coverage=cov)
-    else:
-        for version, vtag, interpreter in versions:
-            once = ["-m", "not slow"] if vtag == "dj6" else []
-            for name, dtag, env in databases:
-                label = f"{version} / {name}"
-                cells.append(
-                    pytest_cell(
-                        label,
-                        interpreter,
-                        pytest_args,
-                        env,
-                        processes=1,
-                        suffix=f"{vtag}{dtag}",
-                        extra=once,
-                        coverage=cov,
-                    )
-                )
     if not args.no_lint:
         cells += [
             Cell("ruff check", [str(python), "-m", "ruff", "check", "."], pytest=False),
