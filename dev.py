@@ -203,6 +203,8 @@ def run_cells(cells: list[Cell], slots: int) -> list[Outcome]:
     running: dict[subprocess.Popen[bytes], tuple[Cell, float, Path]] = {}
     outcomes: list[Outcome] = []
     began = time.monotonic()
+    # SIGTERM (a CI's timeout, kill) ends the run as Ctrl-C does: through the finally below, cells and all.
+    signal.signal(signal.SIGTERM, signal.default_int_handler)
     try:
         while pending or running:
             busy = sum(cell.weight for cell, _, _ in running.values())
@@ -479,7 +481,7 @@ EXPECTED_MINUTES = {
 
 #: pytest-xdist processes of the cells that hold the heavy suites, so they end with the others (2 for the
 #: rest): on its own the Django 5.2 / PostgreSQL cell is twice as long as any other.
-PROCESSES = {"Django 5.2 / PostgreSQL": 4}
+PROCESSES = {"Django 5.2 / PostgreSQL": 3}
 
 #: The layers that need a database; tests/unit runs once per Django version, apart.
 DATABASE_LAYERS = ["tests/db", "tests/worker", "tests/integration", "tests/acceptance"]
@@ -567,13 +569,14 @@ def main() -> None:
     test.add_argument(
         "--processes",
         type=int,
-        help="pytest-xdist processes of each database cell (default: 4 for Django 5.2 on PostgreSQL, 2 for the others)",
+        help="pytest-xdist processes of each database cell (default: 3 for Django 5.2 on PostgreSQL, 2 for the others)",
     )
     test.add_argument(
         "--slots",
         type=int,
-        default=4 * cores,
-        help=f"processes' worth of cells run at once (default 4 per core: {4 * cores}); most tests wait on"
+        default=(7 * cores) // 2,
+        help=f"processes' worth of cells run at once (default 3.5 per core: {(7 * cores) // 2}, the three Django 5.2"
+        " cells side by side on two cores; more made tests with real time windows miss them); most tests wait on"
         " servers, sockets and worker processes, so a core keeps several busy",
     )
     test.add_argument(

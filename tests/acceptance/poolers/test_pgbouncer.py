@@ -26,14 +26,13 @@ def test_default_workers_deliver_every_message_once_through_the_pooler(bouncer):
     total = 2000
     for n in range(total):
         outbox.send("probe.pooled", {"n": n})
-    started = time.monotonic()
+    # How fast they drain through the pooler is bench/topology.py's figure: no speed target in a test.
     workers = [WorkerProcess("--until-empty", env=pgbouncer.worker_env(bouncer)) for _ in range(2)]
     outputs = []
     for worker in workers:
         code, out = worker.wait(timeout=120)
         outputs.append(out)
         assert code == 0, out
-    elapsed = time.monotonic() - started
     log = "\n".join(outputs)
     assert "unavailable" not in log and "could not record" not in log, log
     if bouncer.mode == "transaction":  # the workers found out, and said so once each
@@ -43,7 +42,6 @@ def test_default_workers_deliver_every_message_once_through_the_pooler(bouncer):
     per_message = collections.Counter(Delivery.objects.values_list("message_id", flat=True))
     assert len(per_message) == total and set(per_message.values()) == {1}, "every message exactly once"
     assert Message.objects.filter(status="delivered", attempts=1).count() == total
-    assert elapsed < 20, f"{total} messages took {elapsed:.0f}s through the pooler"
 
 
 def check_output(env: dict[str, str]) -> str:
