@@ -156,8 +156,6 @@ class Cell:
     argv: list[str]
     env: dict[str, str] = field(default_factory=dict)
     weight: int = 1
-    #: A pytest run, whose closing counts add up to the run's totals.
-    pytest: bool = True
 
 
 @dataclass
@@ -434,22 +432,22 @@ def cmd_test(args: argparse.Namespace) -> None:
             cells += chaos_cells(python, databases, pooler_modes, coverage=cov)
     if not args.no_lint:
         cells += [
-            Cell("ruff check", [str(python), "-m", "ruff", "check", "."], pytest=False),
-            Cell("ruff format --check", [str(python), "-m", "ruff", "format", "--check", "."], pytest=False),
-            Cell("mypy", [str(python), "-m", "mypy", "."], pytest=False),
+            Cell("ruff check", [str(python), "-m", "ruff", "check", "."]),
+            Cell("ruff format --check", [str(python), "-m", "ruff", "format", "--check", "."]),
+            Cell("mypy", [str(python), "-m", "mypy", "."]),
         ]
         if have_pg:
             # Squawk over each migration after the initial one (docs/upgrading.md): an operation that would
             # stop send() on a live table fails. It needs tests/support/node's packages (npm ci).
             if SQUAWK.exists() or ci:
                 lint = [str(python), "tools/lint_migrations.py", "--database-url", pg_url]
-                cells.append(Cell("migration linter (Squawk)", lint, pytest=False))
+                cells.append(Cell("migration linter (Squawk)", lint))
             else:
                 print(f"! {SQUAWK} missing (npm ci --prefix tests/support/node): not linting migrations", flush=True)
         if not quick:
             # The docs site: any broken link, anchor or page left out of the nav fails the build.
             docs = [str(python), "-m", "mkdocs", "build", "--strict", "--quiet"]
-            cells.append(Cell("mkdocs build --strict", docs, {"NO_MKDOCS_2_WARNING": "1"}, pytest=False))
+            cells.append(Cell("mkdocs build --strict", docs, {"NO_MKDOCS_2_WARNING": "1"}))
     cells.sort(key=lambda cell: -EXPECTED_MINUTES.get(cell.label, 1.0))
     outcomes = run_cells(cells, args.slots)
     passed = print_table(outcomes, setup, time.monotonic() - began)
@@ -515,8 +513,7 @@ def chaos_cells(
     runner = [str(python), "-m", "coverage", "run"] if coverage else [str(python)]
     env = coverage_env() if coverage else {}
     return [
-        Cell(label, [*runner, "bench/chaos.py", "--quick", *more], env, weight=CHAOS_WEIGHT, pytest=False)
-        for label, more in runs
+        Cell(label, [*runner, "bench/chaos.py", "--quick", *more], env, weight=CHAOS_WEIGHT) for label, more in runs
     ]
 
 
