@@ -26,6 +26,8 @@ UNSUPPORTED_DATABASE = "django_outbox.E005"
 SQLITE_DEFERRED = "django_outbox.W001"
 #: The workers' LISTEN hears nothing sent through OUTBOX["DATABASE"]: they will only poll.
 LISTEN_HEARS_NOTHING = "django_outbox.W002"
+#: The outbox database lacks migrations this code ships: its workers wait, its send() may fail.
+MIGRATIONS_UNAPPLIED = "django_outbox.W004"
 #: MariaDB below 10.6 or MySQL below 8.0.1 (no SKIP LOCKED), or below what the installed Django supports.
 MYSQL_TOO_OLD = "django_outbox.E110"
 #: Statement-based binary logging: SKIP LOCKED is unsafe for it (ER_BINLOG_UNSAFE_SKIP_LOCKED).
@@ -108,6 +110,37 @@ def check_listen(
             hint="Add a DATABASES alias that reaches the same server directly and name it in "
             "OUTBOX['LISTEN_DATABASE'] (docs/deploying.md).",
             id=LISTEN_HEARS_NOTHING,
+        )
+    ]
+
+
+@register_check(Tags.compatibility)
+def check_migrations(app_configs: Sequence[AppConfig] | None = None, **kwargs: Any) -> list[CheckMessage]:
+    """W004: the outbox's migrations are not all applied on its database.
+
+    Not a database-tagged check, so a plain ``manage.py check`` (the usual step before a deploy's
+    ``migrate``) says it; it reads the ``django_migrations`` table when the server answers within 2 s,
+    and says nothing when it does not (an image build with no database is not this check's to fail).
+    """
+    if conf.problems():
+        return []
+    from .store import schema
+
+    alias = conf.get_settings().DATABASE
+    try:
+        if not schema.reachable(alias):
+            return []
+        missing = schema.unapplied(alias)
+    except Exception:  # no database, no access (a test without it), no permission: not this check's to report
+        return []
+    if not missing:
+        return []
+    return [
+        Warning(
+            f"Database {alias!r} lacks {len(missing)} of the outbox's migrations ({', '.join(missing)}): "
+            "outbox_worker waits for them before it claims, and send() may fail until they are applied.",
+            hint="Run manage.py migrate (docs/upgrading.md gives the deploy order).",
+            id=MIGRATIONS_UNAPPLIED,
         )
     ]
 

@@ -76,6 +76,10 @@ class Relay:
     def stopping(self) -> bool:
         return self._stopping.is_set()
 
+    def wait_for_stop(self, timeout: float) -> bool:
+        """Sleep up to ``timeout`` seconds, woken at once by ``stop()``; True when stopped."""
+        return self._stopping.wait(timeout)
+
     def run(self, *, progress: Callable[[Counts], None] | None = None, progress_every: float = 2.0) -> None:
         """Relay until stopped (or, with ``until_empty``, until nothing is left to do now).
 

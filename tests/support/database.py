@@ -104,3 +104,44 @@ def neighbour_transaction() -> Iterator[Any]:
     finally:
         conn.rollback()
         conn.close()
+
+
+@contextlib.contextmanager
+def empty_database(tmp_path: Any) -> Iterator[dict[str, str]]:
+    """A database with no tables on the test database's server (a file under ``tmp_path`` on SQLite), as
+    a new deploy meets it before ``migrate``: yields the environment that points a process's settings at
+    it, and drops it afterwards. Named after the test database, so parallel runs each have their own."""
+    settings = connection.settings_dict
+    if connection.vendor == "sqlite":
+        yield {"DATABASE_URL": "", "SQLITE_PATH": str(tmp_path / "empty.sqlite3")}
+        return
+    name = f"{settings['NAME']}_empty"
+    if connection.vendor == "postgresql":
+        from psycopg import sql
+
+        def run(statement: str) -> None:
+            with connect_raw(direct=True, autocommit=True, dbname="postgres") as server:
+                server.execute(sql.SQL(statement).format(sql.Identifier(name)))
+
+        host = f"{settings['HOST'] or '127.0.0.1'}:{settings['PORT'] or 5432}"
+        url = f"postgres://{settings['USER'] or 'postgres'}@{host}/{name}"
+        drop = "DROP DATABASE IF EXISTS {} WITH (FORCE)"
+    else:
+
+        def run(statement: str) -> None:
+            conn = connect_raw_mysql()
+            try:
+                conn.cursor().execute(statement.format(f"`{name}`"))
+            finally:
+                conn.close()
+
+        url = (
+            f"mysql://{settings['USER'] or 'root'}@{settings['HOST'] or '127.0.0.1'}:{settings['PORT'] or 3306}/{name}"
+        )
+        drop = "DROP DATABASE IF EXISTS {}"
+    run(drop)
+    run("CREATE DATABASE {}" + (" CHARACTER SET utf8mb4" if connection.vendor == "mysql" else ""))
+    try:
+        yield {"DATABASE_URL": url, "SQLITE_PATH": ""}
+    finally:
+        run(drop)

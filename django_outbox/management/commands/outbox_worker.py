@@ -124,6 +124,8 @@ class Command(BaseCommand):
         relay = Relay(config, observers=observers)
         previous = self._install_signal_handlers(relay)
         try:
+            if not self._wait_for_migrations(relay, config):
+                return  # stopped while it waited
             if metrics is not None and metrics.requested_port is not None:
                 self._serve_metrics(metrics, options["verbosity"])
             self._run(relay, config, options["verbosity"])
@@ -196,6 +198,36 @@ class Command(BaseCommand):
                 "\tHINT: Remove OUTBOX['EAGER'] from the settings this worker runs with (docs/testing.md)."
             )
         )
+
+    def _wait_for_migrations(self, relay: Relay, config: RelayConfig) -> bool:
+        """Wait until the database has every outbox migration this code ships; False if stopped first.
+
+        In a rolling deploy the new release's worker may start before ``migrate`` has run: claiming with
+        columns the table lacks would fail every statement, and a supervisor restarting the crashed worker
+        would fill the logs. So it says once what it waits for, checks again every few seconds, and starts
+        when the migrations are in. ``--until-empty`` (a one-off job) refuses at once instead.
+        """
+        from django_outbox.worker import migrations
+
+        log = logging.getLogger("django_outbox.relay")
+        said = ""
+        every = min(max(config.poll_interval, 0.5), 5.0)
+        try:
+            while (wait := migrations.waiting_reason(config.database)) is not None:
+                reason = wait.reason
+                if config.until_empty and wait.unapplied:
+                    raise CommandError(reason.replace(": waiting for", "; run") + " first")
+                if reason != said:
+                    log.warning("%s (checking every %g s)", reason, every)
+                    self.stderr.write(f"{reason} (checking every {every:g} s; Ctrl-C to stop)")
+                    said = reason
+                if relay.wait_for_stop(every):
+                    return False
+            if said:
+                log.info("the outbox's migrations are applied: starting")
+            return True
+        finally:
+            migrations.close(config.database)  # the relay's threads use their own connections
 
     def _run(self, relay: Relay, config: RelayConfig, verbosity: int) -> None:
         if verbosity >= 1:
