@@ -156,6 +156,8 @@ class Cell:
     argv: list[str]
     env: dict[str, str] = field(default_factory=dict)
     weight: int = 1
+    #: The label of a cell that must have passed before this one starts (its virtual environment).
+    needs: str | None = None
 
 
 @dataclass
@@ -206,10 +208,21 @@ def run_cells(cells: list[Cell], slots: int) -> list[Outcome]:
     try:
         while pending or running:
             busy = sum(cell.weight for cell, _, _ in running.values())
+            passed = {o.cell.label for o in outcomes if o.returncode == 0}
+            done = {o.cell.label for o in outcomes}
+            for cell in [c for c in pending if c.needs in done and c.needs not in passed]:
+                pending.remove(cell)  # what it needs failed: it cannot run
+                print(f"=== {cell.label}: not run ({cell.needs} failed) ===\n", flush=True)
+                outcomes.append(Outcome(cell, 1, time.monotonic() - began, 0.0, 0.0, {}))
             # In order, the longest first: a later, smaller cell never jumps the queue, or the long ones
-            # would start last and the run would end on them.
-            while pending and (not running or busy + pending[0].weight <= slots):
-                cell = pending.pop(0)
+            # would start last and the run would end on them; only a cell waiting for what it needs (a
+            # virtual environment still being made) is passed over.
+            while True:
+                ready = [c for c in pending if c.needs is None or c.needs in passed]
+                if not ready or (running and busy + ready[0].weight > slots):
+                    break
+                cell = ready[0]
+                pending.remove(cell)
                 log = logs / (re.sub(r"[^a-z0-9]+", "-", cell.label.lower()).strip("-") + ".log")
                 print(f"[{clock(time.monotonic() - began)}] started: {cell.label}", flush=True)
                 with log.open("wb") as out:
@@ -250,10 +263,11 @@ def run_cells(cells: list[Cell], slots: int) -> list[Outcome]:
 
 def print_table(outcomes: list[Outcome], setup: float, wall: float) -> bool:
     """Every step's start, wall time and counts, so a change that makes one slower shows at once. Starts
-    count from the first cell; the virtual environments (made or checked first) are the setup row."""
-    width = max(len(o.cell.label) for o in outcomes)
+    count from the first cell; the main virtual environment (made or checked first) is the setup row."""
+    setup_label = "virtual environment, Django 5.2 (made or checked)"
+    width = max(len(setup_label), *(len(o.cell.label) for o in outcomes))
     print(f"\n{'step':<{width}}  start   wall    cpu  result")
-    print(f"{'virtual environments (made or checked)':<{width}}  {'':>5}  {clock(setup):>5}")
+    print(f"{setup_label:<{width}}  {'':>5}  {clock(setup):>5}")
     totals: dict[str, int] = {}
     for o in sorted(outcomes, key=lambda o: o.started):
         for word, number in o.counts.items():
@@ -282,6 +296,7 @@ def pytest_cell(
     suffix: str,
     extra: list[str] | None = None,
     coverage: bool = False,
+    needs: str | None = None,
 ) -> Cell:
     """A pytest run with test databases of its own (``suffix``), spread over ``processes`` by pytest-xdist
     (whole modules to one process: a module's fixtures and its order stay as written)."""
@@ -290,7 +305,8 @@ def pytest_cell(
     cell_env = {**env, "TEST_DATABASE_SUFFIX": suffix}
     if coverage:
         cell_env.update(coverage_env())
-    return Cell(label, [*runner, *spread, *(extra or []), *selected], cell_env, weight=max(processes, 1))
+    argv = [*runner, *spread, *(extra or []), *selected]
+    return Cell(label, argv, cell_env, weight=max(processes, 1), needs=needs)
 
 
 def coverage_env() -> dict[str, str]:
@@ -341,7 +357,7 @@ def cmd_test(args: argparse.Namespace) -> None:
                 sys.exit("Django 6.x needs Python 3.12+, and none was found; under CI=true that is a failure.")
             print("! no Python 3.12+ found: skipping the Django 6.x cells", flush=True)
         else:
-            python6 = ensure_venv(ROOT / ".venv-django6", newer, "django>=6,<7", group="test")
+            python6 = ROOT / ".venv-django6" / "bin" / "python"
     setup = time.monotonic() - began
 
     databases: list[tuple[str, str, dict[str, str]]] = []  # (name, suffix, environment)
@@ -360,6 +376,10 @@ def cmd_test(args: argparse.Namespace) -> None:
 
     cov = args.coverage
     cells: list[Cell] = []
+    if python6 is not None:
+        # Made (or checked) beside the Django 5.2 cells, which start at once: its cells wait for it.
+        make = f"import dev; dev.ensure_venv(dev.ROOT / '.venv-django6', {newer!r}, 'django>=6,<7', group='test')"
+        cells.append(Cell(VENV6, [sys.executable, "-c", make], weight=0))
     # The database layers (or the tests named) on each database and Django version, the heaviest first.
     # The suites marked slow (real processes, poolers, browsers, shifted clocks) run in the Django 5.2
     # cells only.
@@ -379,6 +399,7 @@ def cmd_test(args: argparse.Namespace) -> None:
                     suffix=f"{vtag}{dtag}",
                     extra=once,
                     coverage=cov,
+                    needs=VENV6 if vtag == "dj6" else None,
                 )
             )
     if whole:
@@ -394,6 +415,7 @@ def cmd_test(args: argparse.Namespace) -> None:
                     processes=1,
                     suffix=f"{vtag}unit",
                     coverage=cov,
+                    needs=VENV6 if vtag == "dj6" else None,
                 )
             )
         for mode in pooler_modes:
@@ -457,10 +479,14 @@ def cmd_test(args: argparse.Namespace) -> None:
         sys.exit(1)
 
 
+#: The cell that makes (or checks) the Django 6.x virtual environment.
+VENV6 = "virtual environment, Django 6.x"
+
 #: Each cell's wall time on a quiet 2-core machine, in minutes (the table of a full run): cells start in
 #: this order, the longest first, so that the run does not end on a long one started late. A cell not
 #: listed counts as a minute.
 EXPECTED_MINUTES = {
+    VENV6: 99.0,  # first: the Django 6.x cells wait for it
     "Django 5.2 / PostgreSQL": 10.0,
     "Django 5.2 / MariaDB": 8.0,
     "Django 5.2 / SQLite": 5.0,
