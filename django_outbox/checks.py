@@ -8,6 +8,7 @@ own checks with ``options.register_check`` in their own modules (``inbox/checks.
 
 from __future__ import annotations
 
+import sys
 from collections.abc import Mapping, Sequence
 from typing import Any
 
@@ -122,7 +123,7 @@ def check_migrations(app_configs: Sequence[AppConfig] | None = None, **kwargs: A
     ``migrate``) says it; it reads the ``django_migrations`` table when the server answers within 2 s,
     and says nothing when it does not (an image build with no database is not this check's to fail).
     """
-    if conf.problems():
+    if conf.problems() or _running_command() in MIGRATION_COMMANDS:
         return []
     from .store import schema
 
@@ -143,6 +144,19 @@ def check_migrations(app_configs: Sequence[AppConfig] | None = None, **kwargs: A
             id=MIGRATIONS_UNAPPLIED,
         )
     ]
+
+
+#: Commands that make or apply migrations: they run the checks before they apply anything, and a warning
+#: asking the reader who runs ``migrate`` to run ``migrate`` is noise.
+MIGRATION_COMMANDS = frozenset(
+    {"migrate", "makemigrations", "squashmigrations", "sqlmigrate", "showmigrations", "optimizemigration"}
+)
+
+
+def _running_command() -> str:
+    """The management command this process was started for (``manage.py migrate``, ``django-admin
+    migrate``, ``python -m django migrate``), read where Django's own command-line utility reads it."""
+    return sys.argv[1] if len(sys.argv) > 1 else ""
 
 
 @register_check(Tags.compatibility)
