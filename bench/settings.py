@@ -44,3 +44,6 @@ if os.environ.get("BENCH_DB_OPTIONS"):
 if os.environ.get("BENCH_LISTEN_DATABASE_URL"):
     DATABASES["listen"] = env.db_url_config(os.environ["BENCH_LISTEN_DATABASE_URL"])  # noqa: F405
     OUTBOX["LISTEN_DATABASE"] = "listen"
+# bench/online_migrations.py: the migrate it times reads a sample migration module (tests/support/migration_samples)
+if os.environ.get("BENCH_MIGRATION_MODULE"):
+    MIGRATION_MODULES = {"django_outbox": os.environ["BENCH_MIGRATION_MODULE"]}

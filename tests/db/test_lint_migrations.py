@@ -47,5 +47,15 @@ def test_an_unsafe_migration_fails_naming_each_rule():
 @override_settings(MIGRATION_MODULES={"django_outbox": f"{SAMPLES}.safe"})
 def test_the_same_change_done_the_safe_way_passes():
     result = lint_migrations.lint()
-    assert result.linted == ("0002_safe",)
+    assert result.linted == ("0002_index", "0003_column", "0004_check")
     assert result.passed, result.report
+
+
+@override_settings(MIGRATION_MODULES={"django_outbox": f"{SAMPLES}.plain"})
+def test_the_same_change_as_makemigrations_writes_it_fails():
+    """The benchmark's reference: Django's own operations, each safe for the data, not for the locks."""
+    result = lint_migrations.lint()
+    assert result.linted == ("0002_index", "0003_column", "0004_check")
+    assert not result.passed, result.report
+    for rule in ("require-concurrent-index-creation", "constraint-missing-not-valid", "require-lock-timeout"):
+        assert rule in result.report, result.report

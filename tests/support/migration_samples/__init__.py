@@ -1,2 +1,4 @@
-"""Migration modules for the migration linter's tests (``MIGRATION_MODULES``): each repeats the package's
-initial migration and adds one of its own after it, unsafe on a live table or done the safe way."""
+"""Migration modules (``MIGRATION_MODULES``) for the migration linter's tests, the online operations'
+tests and ``bench/online_migrations.py``: each repeats the package's initial migration and adds one of its
+own after it: ``unsafe`` (refused by the linter), ``safe`` (the same change with the package's online
+operations) and ``plain`` (that change as ``makemigrations`` writes it: the benchmark's reference)."""

@@ -1,0 +1,9 @@
+"""The index of ``safe/0002_index`` as ``makemigrations`` writes it: the benchmark's reference."""
+
+from django.db import migrations, models
+
+
+class Migration(migrations.Migration):
+    dependencies = (("django_outbox", "0001_initial"),)
+
+    operations = (migrations.AddIndex("message", models.Index(fields=["topic"], name="outbox_msg_topic_idx")),)
