@@ -9,6 +9,12 @@ index built without ``CONCURRENTLY``, a ``NOT NULL`` column without a default, a
 without ``NOT VALID``, a column's type changed, a missing ``lock_timeout``. Each finding names its rule;
 https://squawkhq.com/docs/<rule> gives the safe recipe.
 
+It also refuses, in a migration not marked ``post_deploy = True``, an operation that takes away what the
+previous release's processes may still use while ``migrate`` runs (a column, a table, an index or a
+constraint removed, a name changed): rule ``contract-without-post-deploy``. A post-deploy migration may
+drop columns and tables (Squawk's ``ban-drop-column`` and ``ban-drop-table`` are lifted for it); it takes
+away only what an earlier release stopped using.
+
 Every migration after the initial one is linted. The initial migration is not: it creates the tables on
 an empty database, where no lock can wait for or block anyone.
 
@@ -26,6 +32,7 @@ import sys
 import tempfile
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 ROOT = Path(__file__).resolve().parent.parent
 SQUAWK = ROOT / "tests" / "support" / "node" / "node_modules" / "@squawk-cli" / "linux-x64" / "bin" / "squawk"
@@ -45,6 +52,26 @@ EXCLUDED_RULES = (
     # lock_timeout is the bound that keeps send() moving, and it stays required.
     "require-statement-timeout",
 )
+
+
+#: Operations that take away what the previous release's code may still read or write: allowed only in a
+#: migration marked ``post_deploy = True``, which removes what an earlier release stopped using.
+CONTRACT_OPERATIONS = frozenset(
+    {
+        "RemoveField",
+        "DeleteModel",
+        "RemoveIndex",
+        "RemoveIndexConcurrently",
+        "RemoveIndexOnline",
+        "RemoveConstraint",
+        "RenameField",
+        "RenameModel",
+        "RenameIndex",
+        "AlterModelTable",
+    }
+)
+#: Squawk's rules that a post-deploy migration is for: dropping what nothing reads any more.
+POST_DEPLOY_ALLOWS = ("ban-drop-column", "ban-drop-table")
 
 
 class LinterUnavailable(RuntimeError):
@@ -81,6 +108,43 @@ def migrations_to_lint(app_label: str = APP) -> list[str]:
     return [name for _, name in plan if not loader.disk_migrations[app_label, name].initial]
 
 
+def _operations(operations: Any) -> list[Any]:
+    """Every operation, the ones inside a ``WithLockTimeout`` included."""
+    found = []
+    for operation in operations:
+        found.append(operation)
+        found.extend(_operations(getattr(operation, "operations", ())))
+    return found
+
+
+def is_post_deploy(app_label: str, name: str) -> bool:
+    from django.db.migrations.loader import MigrationLoader
+
+    migration = MigrationLoader(None, ignore_no_migrations=True).disk_migrations[app_label, name]
+    return bool(getattr(migration, "post_deploy", False))
+
+
+def contract_findings(app_label: str, names: list[str]) -> list[str]:
+    """Expand, then contract: what the previous release uses is taken away only by a migration marked
+    ``post_deploy = True`` (in a later release than the one that stopped using it)."""
+    from django.db.migrations.loader import MigrationLoader
+
+    loader = MigrationLoader(None, ignore_no_migrations=True)
+    findings = []
+    for name in names:
+        migration = loader.disk_migrations[app_label, name]
+        if getattr(migration, "post_deploy", False):
+            continue
+        for operation in _operations(migration.operations):
+            if type(operation).__name__ in CONTRACT_OPERATIONS:
+                findings.append(
+                    f"{app_label}.{name}.sql:1:1: error: contract-without-post-deploy {operation.describe()}: the "
+                    "previous release's processes still run while migrate does; take it away in a later release's "
+                    "migration marked post_deploy = True (docs/upgrading.md, Expand, then contract)"
+                )
+    return findings
+
+
 def migration_sql(app_label: str, name: str, using: str) -> str:
     from django.core.management import call_command
 
@@ -107,7 +171,10 @@ def lint(app_label: str = APP, *, using: str = "default") -> Result:
         files = []
         for name in names:
             file = f"{app_label}.{name}.sql"  # as the report names it
-            (Path(folder) / file).write_text(migration_sql(app_label, name, using), encoding="utf-8")
+            sql = migration_sql(app_label, name, using)
+            if is_post_deploy(app_label, name):
+                sql = f"-- squawk-ignore-file {','.join(POST_DEPLOY_ALLOWS)}\n{sql}"
+            (Path(folder) / file).write_text(sql, encoding="utf-8")
             files.append(file)
         completed = subprocess.run(
             [
@@ -122,8 +189,10 @@ def lint(app_label: str = APP, *, using: str = "default") -> Result:
             check=False,
             cwd=folder,  # no .squawk.toml of the caller's directory applies
         )
-    report = completed.stdout + completed.stderr
-    return Result(linted=tuple(names), returncode=completed.returncode, report=report)
+    findings = contract_findings(app_label, names)
+    report = completed.stdout + completed.stderr + "".join(f"{line}\n" for line in findings)
+    returncode = completed.returncode if completed.returncode != 0 or not findings else 1
+    return Result(linted=tuple(names), returncode=returncode, report=report)
 
 
 def main(argv: list[str] | None = None) -> int:

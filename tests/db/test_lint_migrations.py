@@ -59,3 +59,19 @@ def test_the_same_change_as_makemigrations_writes_it_fails():
     assert not result.passed, result.report
     for rule in ("require-concurrent-index-creation", "constraint-missing-not-valid", "require-lock-timeout"):
         assert rule in result.report, result.report
+
+
+@pytest.mark.django_db(transaction=True)
+@override_settings(MIGRATION_MODULES={"django_outbox": f"{SAMPLES}.contract"})
+def test_taking_away_a_column_outside_a_post_deploy_migration_fails():
+    result = lint_migrations.lint()
+    assert not result.passed, result.report
+    assert "0004_drop.sql:1:1: error: contract-without-post-deploy Remove field priority from message" in result.report
+
+
+@pytest.mark.django_db(transaction=True)
+@override_settings(MIGRATION_MODULES={"django_outbox": f"{SAMPLES}.post_deploy"})
+def test_the_same_in_a_migration_marked_post_deploy_passes():
+    result = lint_migrations.lint()
+    assert result.linted == ("0002_index", "0003_column", "0004_drop")
+    assert result.passed, result.report
