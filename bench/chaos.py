@@ -410,6 +410,12 @@ class Run:
     def kafka_log(self) -> Path:
         return self.workdir / "kafka-consumer.log"
 
+    def self_killed(self) -> set[int]:
+        """The pids a consumer's kill fault ended: its line, pid last, is written before the SIGKILL."""
+        path = self.workdir / "faults.log"
+        lines = path.read_text().splitlines() if path.exists() else []
+        return {int(parts[2]) for parts in map(str.split, lines) if len(parts) > 2 and parts[0].startswith("kill")}
+
     def start_worker(self) -> None:
         self.worker_serial += 1
         with open(self.workdir / f"worker-{self.worker_serial}.log", "wb") as logfile:  # the child keeps a copy
@@ -466,11 +472,16 @@ class Run:
         victim.send_signal(signal.SIGKILL)
         victim.wait(timeout=30)
         self.workers.remove(victim)
-        self.kills += 1
+        if victim.pid in self.self_killed():  # its fault's SIGKILL landed between poll() and this one
+            self.exited += 1
+        else:
+            self.kills += 1
+            self.restarts += 1
         self.start_worker()
-        self.restarts += 1
 
     def stop_all(self) -> None:
+        # A worker a fault ended after the last replacement round is counted too, not lost with the run's end.
+        self.exited += sum(1 for w in self.workers if w.poll() is not None and w.pid in self.self_killed())
         for proc in self.workers + self.producers + self.consumers:
             if proc.poll() is None:
                 proc.send_signal(signal.SIGTERM)

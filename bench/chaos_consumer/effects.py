@@ -60,7 +60,9 @@ def _strike(payload: dict[str, Any], where: str, armed: bool, message_uuid: str)
     if path:
         fd = os.open(path, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o644)
         try:
-            os.write(fd, f"{fault} {message_uuid}\n".encode())  # in the page cache: survives the SIGKILL below
+            # In the page cache: survives the SIGKILL below. The pid says which process the fault ended, so
+            # the harness tells a worker that killed itself from one it killed (they may land together).
+            os.write(fd, f"{fault} {message_uuid} {os.getpid()}\n".encode())
         finally:
             os.close(fd)
     if fault.startswith("kill"):
