@@ -16,6 +16,7 @@ stale number.
 
 from __future__ import annotations
 
+import functools
 import logging
 import os
 import threading
@@ -196,6 +197,29 @@ class Backlog(Collector):
                 done.wait(self.interval)
         finally:
             connections.close_all()
+
+
+_process_lock = threading.Lock()
+
+
+@functools.cache
+def process_registry() -> CollectorRegistry:
+    """The counters of deliveries made in this process outside a worker command (``relay_all()``,
+    ``OUTBOX["EAGER"]``): a registry of their own, read with ``get_sample_value()`` or served by a
+    collector of the caller's; the worker command counts into its ``/metrics`` server's."""
+    return CollectorRegistry()
+
+
+def process_metrics() -> WorkerMetrics:
+    """This process's ``WorkerMetrics`` on ``process_registry()``, made once (its series can be
+    registered only once per registry)."""
+    with _process_lock:
+        return _process_metrics()
+
+
+@functools.cache
+def _process_metrics() -> WorkerMetrics:
+    return WorkerMetrics(process_registry())
 
 
 class MetricsServer:

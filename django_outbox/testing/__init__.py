@@ -54,10 +54,12 @@ def relay_all(
     settle (the timeout, or :data:`SETTLE_ROUNDS` rounds of a message that keeps failing).
     """
     from .. import store
+    from ..observability import delivery
     from ..worker import Relay, RelayConfig
 
     alias = database or DEFAULT_DB_ALIAS
-    relay = Relay(RelayConfig.from_settings(database=alias, topics=tuple(topics), batch_size=batch_size, notify=False))
+    config = RelayConfig.from_settings(database=alias, topics=tuple(topics), batch_size=batch_size, notify=False)
+    relay = Relay(config, observers=delivery.observers())  # the spans and counters a worker records
     stats = relay.drain()
     if not until_settled:
         return stats

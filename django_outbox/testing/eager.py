@@ -83,8 +83,10 @@ def deliver(alias: str, ids: Sequence[int]) -> None:
     unless an earlier message of its key is still open: that one stays behind, as with a worker, and is
     left to ``relay_all()`` or a worker (docs/ordering.md).
     """
+    from ..observability import delivery
     from ..worker import Relay, RelayConfig
 
     if not ids:
         return
-    Relay(RelayConfig.from_settings(database=alias, ids=tuple(ids), notify=False)).drain()
+    config = RelayConfig.from_settings(database=alias, ids=tuple(ids), notify=False)
+    Relay(config, observers=delivery.observers()).drain()  # the spans and counters a worker records

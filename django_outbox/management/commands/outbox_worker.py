@@ -138,13 +138,9 @@ class Command(BaseCommand):
     @staticmethod
     def _tracers() -> list[Any]:
         """The delivery spans, when opentelemetry-api is installed (docs/operating.md#tracing)."""
-        from django_outbox.observability.propagation import trace_headers
+        from django_outbox.observability import delivery
 
-        if trace_headers is None:  # opentelemetry-api is not installed: nothing of it is imported
-            return []
-        from django_outbox.observability.tracing import DeliveryTracer
-
-        return [DeliveryTracer()]
+        return list(delivery.tracers())
 
     @staticmethod
     def _metrics_server(config: RelayConfig, options: dict[str, Any]) -> Any:
