@@ -5,6 +5,7 @@ database of the run's own server."""
 
 from __future__ import annotations
 
+import select
 import signal
 import subprocess
 import sys
@@ -32,6 +33,23 @@ def manage(env: dict[str, str], *args: str, timeout: float = 120) -> subprocess.
         text=True,
         timeout=timeout,
     )
+
+
+def read_until(worker: WorkerProcess, text: str, timeout: float = 120) -> str:
+    """The worker's output up to the line that says ``text``: a slow start (a loaded machine) is waited
+    for, not guessed at with a sleep."""
+    assert worker.proc.stdout is not None
+    seen: list[str] = []
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        ready, _, _ = select.select([worker.proc.stdout], [], [], max(0.0, deadline - time.monotonic()))
+        line = worker.proc.stdout.readline() if ready else ""
+        if not line:
+            break
+        seen.append(line)
+        if text in line:
+            return "".join(seen)
+    pytest.fail(f"the worker never said {text!r}:\n{''.join(seen)}")
 
 
 def test_check_warns_until_the_outbox_migrations_are_applied(tmp_path: Path) -> None:
@@ -64,7 +82,8 @@ def test_a_worker_started_before_migrate_waits_says_so_once_then_delivers(tmp_pa
     with empty_database(tmp_path) as env:
         worker = WorkerProcess("--poll-interval", "0.5", env={"TEST_WITHOUT_OTHER": "1", **env})
         try:
-            time.sleep(3)  # six checks of the migrations while they are missing
+            said = read_until(worker, NEEDS)  # its first check, whenever a loaded machine lets it start
+            time.sleep(2)  # four more checks while they are still missing
             assert worker.proc.poll() is None, "the worker exited instead of waiting"
             assert manage(env, "migrate", "-v0").returncode == 0
             code = "from django_outbox import outbox; outbox.send('probe.ok', {'n': 1})"
@@ -75,7 +94,8 @@ def test_a_worker_started_before_migrate_waits_says_so_once_then_delivers(tmp_pa
             # The last line: Django's shell may first say what it imported.
             wait_for(lambda: manage(env, "shell", "-c", count).stdout.split()[-1:] == ["1"], timeout=60, interval=0.5)
             worker.send_signal(signal.SIGTERM)
-            exit_code, out = worker.wait(timeout=30)
+            exit_code, rest = worker.wait(timeout=30)
+            out = said + rest
         finally:
             worker.stop()
     assert exit_code == 0, out
@@ -87,9 +107,11 @@ def test_a_worker_stopped_while_it_waits_exits_at_once_and_cleanly(tmp_path: Pat
     with empty_database(tmp_path) as env:
         worker = WorkerProcess("--poll-interval", "5", env={"TEST_WITHOUT_OTHER": "1", **env})
         try:
-            time.sleep(3)  # in its wait (five seconds between checks)
+            # In its wait (five seconds between checks): it says so once its signal handlers are in place.
+            said = read_until(worker, NEEDS)
             worker.send_signal(signal.SIGTERM)
-            exit_code, out = worker.wait(timeout=30)
+            exit_code, rest = worker.wait(timeout=30)
+            out = said + rest
         finally:
             worker.stop()
         tables = manage(
