@@ -15,7 +15,7 @@ from django.db import connection, connections, transaction
 from django.test import override_settings
 
 from django_outbox import outbox
-from django_outbox.models import Message
+from django_outbox.models import Message, Worker
 from tests.probe.models import Delivery
 from tests.support.processes import WorkerProcess
 from tests.support.waiting import wait_for
@@ -76,6 +76,9 @@ def test_migrate_under_load_fails_no_send_and_stops_no_worker() -> None:
     with connection.cursor() as cursor:
         cursor.execute(FILL[connection.vendor] % {"n": FINISHED})
     workers = [WorkerProcess("--poll-interval", "0.2") for _ in range(2)]
+    # Both relaying (a heartbeat row each, written once their signal handlers are in place) before the load
+    # starts: on a loaded machine a worker can take seconds to start.
+    wait_for(lambda: Worker.objects.filter(stopped_at__isnull=True).count() >= 2, timeout=120, interval=0.1)
     producer = Producer()
     producer.start()
     migrated = False
