@@ -37,7 +37,8 @@ def assert_one_delivery_span(topic: str, sender: str) -> None:
     assert len(spans) == 1, [s.name for s in memory_exporter().get_finished_spans()]
     (span,) = spans
     trace_id, span_id = sender.split("-")[1:3]
-    assert span.get_span_context().trace_id == int(trace_id, 16)  # in the sender's trace
+    context = span.get_span_context()
+    assert context is not None and context.trace_id == int(trace_id, 16)  # in the sender's trace
     assert span.parent is not None and span.parent.span_id == int(span_id, 16)
 
 
@@ -88,7 +89,8 @@ def test_a_task_run_by_relay_all_records_the_span_and_the_counters() -> None:
     relay_all()
     spans = [s for s in memory_exporter().get_finished_spans() if s.name.startswith("process tasks.")]
     assert len(spans) == 1, [s.name for s in memory_exporter().get_finished_spans()]
-    assert spans[0].get_span_context().trace_id == int(sender.split("-")[1], 16)
+    context = spans[0].get_span_context()
+    assert context is not None and context.trace_id == int(sender.split("-")[1], 16)
     assert delivered() == before + 1
     result.refresh()
     assert result.return_value == 5
