@@ -5,7 +5,6 @@ database of the run's own server."""
 
 from __future__ import annotations
 
-import select
 import signal
 import subprocess
 import sys
@@ -35,21 +34,18 @@ def manage(env: dict[str, str], *args: str, timeout: float = 120) -> subprocess.
     )
 
 
-def read_until(worker: WorkerProcess, text: str, timeout: float = 120) -> str:
+def read_until(worker: WorkerProcess, text: str) -> str:
     """The worker's output up to the line that says ``text``: a slow start (a loaded machine) is waited
-    for, not guessed at with a sleep."""
+    for, not guessed at with a sleep. Blocking reads, line by line (a ``select()`` on the pipe would miss
+    the lines already in the reader's buffer); the run's timeout bounds a worker that never says it, and
+    one that exits ends the read."""
     assert worker.proc.stdout is not None
     seen: list[str] = []
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        ready, _, _ = select.select([worker.proc.stdout], [], [], max(0.0, deadline - time.monotonic()))
-        line = worker.proc.stdout.readline() if ready else ""
-        if not line:
-            break
+    for line in iter(worker.proc.stdout.readline, ""):
         seen.append(line)
         if text in line:
             return "".join(seen)
-    pytest.fail(f"the worker never said {text!r}:\n{''.join(seen)}")
+    pytest.fail(f"the worker exited without saying {text!r}:\n{''.join(seen)}")
 
 
 def test_check_warns_until_the_outbox_migrations_are_applied(tmp_path: Path) -> None:
