@@ -171,6 +171,8 @@ class OutboxSettings:
     LEASE_SECONDS: float = option(60.0, kind=float, minimum=1, maximum=MAX_WAIT_SECONDS)
     POLL_INTERVAL_SECONDS: float = option(5.0, kind=float, minimum=0.01, maximum=MAX_WAIT_SECONDS)
     BATCH_SIZE: int = option(100, kind=int, minimum=1, maximum=MAX_BATCH_SIZE)
+    #: Most messages of one key a claim takes (consecutive, due, delivered in order); the batch bounds it too.
+    KEY_BATCH_SIZE: int = option(100, kind=int, minimum=1, maximum=MAX_BATCH_SIZE)
     #: Delivery threads per worker; None: 2 on PostgreSQL and MariaDB/MySQL, 1 on SQLite (see ``default_concurrency``).
     CONCURRENCY: int | None = option(None, kind=(int, type(None)), minimum=1, maximum=MAX_CONCURRENCY)
     GRACE_PERIOD_SECONDS: float = option(30.0, kind=float, minimum=0, maximum=MAX_WAIT_SECONDS)

@@ -11,6 +11,7 @@ import contextlib
 import datetime as dt
 import functools
 import json
+import threading
 from collections.abc import Iterator, Sequence
 from typing import Any
 
@@ -53,10 +54,11 @@ def claim(
 ) -> list[Message]:
     """Lease up to ``limit`` due messages to ``worker`` and count the attempt; committed on return.
 
-    A keyed message is claimed only at the head of its key (see ``claim_sql``), so a batch holds at most
-    one message per key. ``ids`` limits the claim to those messages (``OUTBOX["EAGER"]`` delivers what
-    one transaction sent); the head-of-key rule still looks at every message, so a keyed one behind
-    another stays behind it.
+    A keyed message is claimed only with every open message of its key before it (``_runs_text``): a
+    batch holds a run from each key's head, in id order, which the pipeline delivers in order and stops
+    at the key's first failure. ``ids`` limits the claim to those messages (``OUTBOX["EAGER"]`` delivers
+    what one transaction sent), one per key, at its head; the head-of-key rule still looks at every
+    message, so a keyed one behind another stays behind it.
     """
     conn = connection(alias)
     messages = unprepared_on_loss(
@@ -66,7 +68,40 @@ def claim(
         ),
     )
     messages.sort(key=lambda m: m.id)
+    if ids is None:
+        _advance_cursor(worker, messages)
     return messages
+
+
+#: Where each worker's next claim starts its walk over the keys (``_advance_cursor``), by worker id.
+_cursors: dict[str, str] = {}
+_cursors_lock = threading.Lock()
+#: Workers whose cursor is kept, at most: a process runs one worker, tests and scripts a few.
+_CURSORS_KEPT = 1_000
+
+
+def key_cursor(worker: str) -> str:
+    """The key after which ``worker``'s next claim looks for keys first ("" for the first claim)."""
+    return _cursors.get(worker, "")
+
+
+def _advance_cursor(worker: str, messages: Sequence[Message]) -> None:
+    """Move past the keys this claim served, so the next claim offers the following keys first.
+
+    The walk over the keys is in key order and bounded (``KEYS_PER_CLAIM``); without a cursor the keys
+    early in that order would be served first on every claim while they had a backlog, and the others
+    only by the walk of the pending rows. The cursor goes to the last key served after the old cursor,
+    or, when the walk wrapped round, to the last key served before it.
+    """
+    keys = {m.key for m in messages if m.key is not None}
+    if not keys:
+        return
+    with _cursors_lock:
+        start = _cursors.get(worker, "")
+        after = [k for k in keys if k > start]
+        _cursors[worker] = max(after) if after else max(keys)
+        if len(_cursors) > _CURSORS_KEPT:
+            _cursors.pop(next(iter(_cursors)))
 
 
 def blocking_statuses() -> tuple[str, ...]:
@@ -103,6 +138,8 @@ def claim_sql(
     topic_sql, params = topic_filter(topics)
     topic_params: list[Any] = list(params)
     pg = is_pg(conn)
+    if ids is None:
+        return _runs_sql(conn, pg, worker=worker, limit=limit, lease_seconds=lease_seconds, topics=topics)
     if ids is not None:  # one parameter whatever the count: one text, one prepared statement
         topic_sql += " AND c.id = ANY(%s)" if pg else " AND c.id IN (SELECT value FROM json_each(%s))"
         topic_params = [*topic_params, [int(i) for i in ids] if pg else json.dumps([int(i) for i in ids])]
@@ -168,6 +205,132 @@ def _claim_text(pg: bool, topic_sql: str, blocking: tuple[str, ...], limit: int 
     )
 
 
+def _runs_sql(
+    conn: BaseDatabaseWrapper,
+    pg: bool,
+    *,
+    worker: str,
+    limit: int,
+    lease_seconds: float,
+    topics: Sequence[str] | None,
+) -> tuple[str, list[Any]]:
+    """The claim of any due message (no ``ids``): unkeyed rows, and keys' runs (``_runs_text``)."""
+    from ..conf import get_settings
+
+    topic_sql, params = topic_filter(topics)
+    topic_params: list[Any] = list(params)
+    cap = max(1, min(int(get_settings().KEY_BATCH_SIZE), int(limit)))
+    sql = _runs_text(pg, topic_sql, blocking_statuses(), int(limit), cap)
+    cursor = key_cursor(worker)
+    if pg:
+        return sql, [cursor, cursor, cursor, *topic_params, *topic_params, *topic_params, worker, float(lease_seconds)]
+    now = timezone.now()
+    due = prep_dt(conn, now)
+    until = prep_dt(conn, now + dt.timedelta(seconds=lease_seconds))
+    return sql, [cursor, cursor, cursor, due, *topic_params, due, *topic_params, due, *topic_params, worker, until]
+
+
+def keys_per_claim(limit: int) -> int:
+    """How many keys a claim's walk over the keys visits at most: one more than a batch could serve, so a
+    claim that reaches the bound knows more keys wait than the walk saw (and walks the pending rows too)."""
+    return int(limit) + 1
+
+
+@functools.cache
+def _runs_text(pg: bool, topic_sql: str, blocking: tuple[str, ...], limit: int, cap: int) -> str:
+    """The claim's text: up to ``limit`` due messages, oldest first, a keyed one only with every open
+    message of its key before it in the same claim (a run from the key's head, at most ``cap`` long).
+
+    Three sources, each bounded by the batch, so a claim reads about a batch whatever the backlog:
+
+    - ``keys``: a skip scan over the index of open keyed rows, one probe per distinct key (not per
+      message), from the worker's cursor (``key_cursor``) round to it again, at most ``keys_per_claim``
+      keys; for each key its first ``cap`` open messages, kept while pending and due (a run stops at the
+      first message that is processing, scheduled, dead under ORDERING "block", or of another topic);
+    - ``u``: unkeyed due messages in id order, on the partial index of pending unkeyed rows;
+    - ``k2``: only when the skip scan stopped at its bound (more keys are open than a batch could
+      serve): the key heads found by walking the pending rows in id order, as the claim always did, so a
+      key the bounded scan did not reach is still served, oldest first.
+
+    The oldest ``limit`` of them are taken. On PostgreSQL they are then locked (``SKIP LOCKED``), and a
+    key's messages are kept only as far as every one before them in the claim was locked: a concurrent
+    claim that took a key's head, or a message in the middle of its run, leaves this claim none of the
+    key's messages after it, so no two workers ever hold parts of one key's run.
+    """
+    pending, processing = literal(PENDING), literal(PROCESSING)
+    statuses = ", ".join(map(literal, blocking))
+    open_b = f"b.key IS NOT NULL AND b.status IN ({statuses})"
+    now = SERVER_NOW if pg else "%s"
+    bound = keys_per_claim(limit)
+
+    def after(key: str) -> str:
+        return f"(SELECT b.key FROM {MESSAGE} AS b WHERE b.key > {key} AND {open_b} ORDER BY b.key LIMIT 1)"
+
+    first = f"(SELECT b.key FROM {MESSAGE} AS b WHERE {open_b} ORDER BY b.key LIMIT 1)"
+    keys = (
+        f"keys(k, n, wrapped) AS (SELECT CAST(COALESCE(a.k, {first}) AS TEXT), 1, a.k IS NULL"
+        f" FROM (SELECT {after('%s')} AS k) AS a"
+        f" UNION ALL SELECT CAST(COALESCE({after('keys.k')},"
+        f" CASE WHEN keys.wrapped THEN NULL ELSE {first} END) AS TEXT),"
+        f" keys.n + 1, keys.wrapped OR {after('keys.k')} IS NULL FROM keys"
+        f" WHERE keys.k IS NOT NULL AND keys.n < {bound} AND NOT (keys.wrapped AND keys.k > %s)),"
+        " served AS (SELECT k FROM keys WHERE k IS NOT NULL AND NOT (wrapped AND k > %s))"
+    )
+    ok = f"status = {pending} AND available_at <= {now}{topic_sql}"
+    if pg:
+        k1 = (
+            "k1 AS (SELECT r.id, r.key FROM served CROSS JOIN LATERAL (SELECT w.id, w.key FROM"
+            f" (SELECT b.id, b.key, bool_and(b.{ok}) OVER (ORDER BY b.id) AS ok FROM"
+            f" (SELECT b.id, b.key, b.status, b.available_at, b.topic FROM {MESSAGE} AS b"
+            f" WHERE (b.key, b.id) > (served.k, -1) AND b.key <= served.k AND {open_b}"
+            f" ORDER BY b.key, b.id LIMIT {cap}) AS b) AS w WHERE w.ok) AS r"
+            f" LIMIT {limit})"
+        )
+        head = (
+            f"c.id = (SELECT b.id FROM {MESSAGE} AS b WHERE (b.key, b.id) > (c.key, -1) AND {open_b}"
+            " ORDER BY b.key, b.id LIMIT 1)"
+        )
+    else:
+        k1 = (
+            "k1 AS (SELECT w.id, w.key FROM (SELECT r.id, r.key,"
+            f" min(r.{ok}) OVER (PARTITION BY r.key ORDER BY r.id) AS ok"
+            f" FROM served JOIN {MESSAGE} AS r ON r.id IN (SELECT b.id FROM {MESSAGE} AS b"
+            f" WHERE b.key = served.k AND {open_b} ORDER BY b.id LIMIT {cap})) AS w WHERE w.ok LIMIT {limit})"
+        )
+        head = f"NOT EXISTS (SELECT 1 FROM {MESSAGE} AS b WHERE b.key = c.key AND b.id < c.id AND {open_b})"
+    due_c = f"c.status = {pending} AND c.available_at <= {now}{topic_sql}"
+    u = f"u AS (SELECT c.id, c.key FROM {MESSAGE} AS c WHERE {due_c} AND c.key IS NULL ORDER BY c.id LIMIT {limit})"
+    k2 = (
+        f"k2 AS (SELECT c.id, c.key FROM {MESSAGE} AS c WHERE {due_c} AND c.key IS NOT NULL AND {head}"
+        f" AND (SELECT count(*) FROM k1) < {limit} AND (SELECT max(n) FROM keys) >= {bound}"
+        f" ORDER BY c.id LIMIT {limit})"
+    )
+    cand = (
+        "cand AS (SELECT x.id, x.key FROM (SELECT id, key FROM k1 UNION SELECT id, key FROM k2"
+        f" UNION SELECT id, key FROM u) AS x ORDER BY x.id LIMIT {limit})"
+    )
+    attempts = _next_attempt("attempts")
+    if not pg:
+        return (
+            f"WITH RECURSIVE {keys}, {k1}, {u}, {k2}, {cand}"
+            f" UPDATE {MESSAGE} SET status = {processing}, locked_by = %s, locked_until = %s, attempts = {attempts}"
+            f" WHERE id IN (SELECT id FROM cand) RETURNING {COLUMNS}"
+        )
+    kept = (
+        f"locked AS (SELECT m.id FROM cand JOIN {MESSAGE} AS m ON m.id = cand.id"
+        f" WHERE m.status = {pending} FOR UPDATE OF m SKIP LOCKED),"
+        " ranked AS (SELECT c.id, c.key, row_number() OVER (PARTITION BY c.key ORDER BY c.id) AS rk FROM cand AS c),"
+        " kept AS (SELECT z.id FROM (SELECT r.id, r.key, r.rk, row_number() OVER (PARTITION BY r.key ORDER BY r.id)"
+        " AS got FROM ranked AS r WHERE r.id IN (SELECT id FROM locked)) AS z WHERE z.key IS NULL OR z.got = z.rk)"
+    )
+    set_lease = f"status = {processing}, locked_by = %s, locked_until = {SERVER_NOW} + %s * interval '1 second'"
+    return (
+        f"WITH RECURSIVE {keys}, {k1}, {u}, {k2}, {cand}, {kept}"
+        f" UPDATE {MESSAGE} AS m SET {set_lease}, attempts = {_next_attempt('m.attempts')} FROM kept"
+        f" WHERE m.id = kept.id RETURNING {', '.join('m.' + c for c in COLUMN_NAMES)}"
+    )
+
+
 #: The attempt counter stops at the integer column's largest value: past it, ``attempts + 1`` failed the
 #: whole claim on PostgreSQL ("integer out of range"), so one row kept every worker from claiming
 #: anything. A message claimed at this count has used up any ``max_attempts`` and goes dead.
@@ -224,7 +387,9 @@ def _mysql_filter(topics: Sequence[str] | None, ids: Sequence[int] | None) -> tu
 
 _PLAN_AS_A_WALK = (
     "SELECT set_config('enable_sort', 'off', true), set_config('enable_hashjoin', 'off', true),"
-    " set_config('enable_mergejoin', 'off', true), set_config('enable_seqscan', 'off', true)"
+    " set_config('enable_mergejoin', 'off', true), set_config('enable_seqscan', 'off', true),"
+    " set_config('plan_cache_mode', 'force_generic_plan', true), set_config('jit', 'off', true),"
+    " set_config('enable_bitmapscan', 'off', true)"
 )
 
 

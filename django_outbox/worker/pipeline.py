@@ -82,13 +82,18 @@ class Pipeline:
         routes: list[Route] = []
         try:
             routes = [self._route(m) for m in batch]  # once per message: grouping, delivery, observers share it
+            stopped: set[str] = set()  # keys whose delivery failed in this batch: their later messages wait
             index = 0
             while index < len(batch):
                 if self.halt.is_set():
-                    unstarted = [m.id for m in batch[index:]]
+                    unstarted += [m.id for m in batch[index:]]
                     break
                 end = self._group_end(routes, index, transports)
-                outcomes += self.deliver_group(batch[index:end], routes[index], transports)
+                group = [m for m in batch[index:end] if m.key is None or m.key not in stopped]
+                unstarted += [m.id for m in batch[index:end] if m.key is not None and m.key in stopped]
+                if group:
+                    delivered = self.deliver_group(group, routes[index], transports)
+                    outcomes += self._stop_keys(group, delivered, stopped, unstarted)
                 index = end
         finally:
             recorded, lost = self.record(outcomes, batch)
@@ -108,6 +113,37 @@ class Pipeline:
             self.announce(batch, recorded, lost)
         except Exception:  # logging or a signal's plumbing failed: the outcomes are stored, go on
             logger.exception("announcing the outcomes of a batch failed")
+
+    @staticmethod
+    def _stop_keys(
+        group: Sequence[Message], outcomes: Sequence[store.Outcome], stopped: set[str], unstarted: list[int]
+    ) -> list[store.Outcome]:
+        """The outcomes to record, after the first failure of each key stops the rest of that key.
+
+        A claim hands over a key's consecutive messages in id order; once one of them fails, the ones
+        after it must wait for its retry. Delivered one by one, they are never started (``process``
+        skips them). A batch transport was handed them all at once: a later message of the key that
+        failed too goes back to pending as if never claimed (no attempt counted: it failed because the
+        one before it did); one the destination took anyway is recorded as delivered, since it was,
+        and said out loud, since its key's order now rests on the destination's own guarantees
+        (docs/ordering.md, batch transports).
+        """
+        kept: list[store.Outcome] = []
+        for message, outcome in zip(group, outcomes, strict=True):
+            key = message.key
+            if key is not None and key in stopped:
+                if outcome.status != store.DELIVERED:
+                    unstarted.append(message.id)
+                    continue
+                logger.warning(
+                    "%s #%d was delivered after an earlier message of its key failed in the same batch",
+                    message.topic,
+                    message.id,
+                )
+            elif key is not None and outcome.status != store.DELIVERED:
+                stopped.add(key)
+            kept.append(outcome)
+        return kept
 
     @staticmethod
     def _route(message: Message) -> Route:

@@ -58,15 +58,57 @@ def claim(limit: int = 100) -> list[Message]:
     return store.claim("default", worker="test-worker", limit=limit, lease_seconds=60)
 
 
-def test_a_claim_takes_only_the_head_of_each_key_and_every_keyless_message(log):
+def test_a_claim_takes_each_keys_consecutive_messages_and_every_keyless_message(key_runs, log):
     a1 = outbox.send("ord.x", {"n": 1}, key="A")
-    outbox.send("ord.x", {"n": 2}, key="A")
+    a2 = outbox.send("ord.x", {"n": 2}, key="A")
     b1 = outbox.send("ord.x", {"n": 1}, key="B")
     free = [outbox.send("ord.x", {"n": n}) for n in range(3)]
+    a3 = outbox.send("ord.x", {"n": 3}, key="A")
     claimed: list[Message] = []
-    wait_for(lambda: claimed.extend(claim()) or len(claimed) >= 5, timeout=20)
-    assert sorted(m.id for m in claimed) == sorted([a1.id, b1.id, *(m.id for m in free)])
-    assert claim() == [], "the second message of A waits while A's head is processing"
+    wait_for(lambda: claimed.extend(claim()) or len(claimed) >= 7, timeout=20)
+    assert [m.id for m in claimed] == sorted([a1.id, a2.id, a3.id, b1.id, *(m.id for m in free)])
+    assert {m.status for m in Message.objects.all()} == {"processing"}
+    a4 = outbox.send("ord.x", {"n": 4}, key="A")
+    assert claim() == [], "A's fourth message waits while the ones before it are processing"
+    store.release("default", worker="test-worker", message_ids=[a1.id, a2.id, a3.id])
+    assert [m.id for m in claim()] == [a1.id, a2.id, a3.id, a4.id]
+
+
+@override_settings(OUTBOX={"KEY_BATCH_SIZE": 2, "MAX_ATTEMPTS": 5})
+def test_key_batch_size_caps_a_keys_run_in_one_claim(key_runs, log):
+    sent = [outbox.send("ord.x", {"n": n}, key="A") for n in range(5)]
+    other = outbox.send("ord.x", {"n": 0}, key="B")
+    assert [m.id for m in claim()] == [sent[0].id, sent[1].id, other.id]
+    assert claim() == []
+
+
+def test_a_run_stops_at_a_scheduled_or_processing_message_of_its_key(log):
+    a1 = outbox.send("ord.x", {"n": 1}, key="A")
+    outbox.send("ord.x", {"n": 2}, key="A", delay=dt.timedelta(hours=1))
+    outbox.send("ord.x", {"n": 3}, key="A")
+    assert [m.id for m in claim()] == [a1.id]
+
+
+def test_the_first_failure_in_a_keys_run_sends_the_rest_back_unchanged(log, settings):
+    """A key's run is delivered in id order; the failed message is retried with its backoff, the ones
+    after it go back to pending as if never claimed: no attempt counted, no attempt row."""
+    settings.OUTBOX = {**settings.OUTBOX, "BACKOFF_BASE_SECONDS": 60, "BACKOFF_MAX_SECONDS": 60}
+    a1 = outbox.send("ord.x", {"n": 1}, key="A")
+    a2 = outbox.send("ord.x", {"n": 2, "fail_until": 1}, key="A")
+    rest = [outbox.send("ord.x", {"n": n}, key="A") for n in (3, 4)]
+    b1 = outbox.send("ord.x", {"n": 1}, key="B")
+    relay_all()
+    assert keyed(log, "A") == [1, 2] and keyed(log, "B") == [1]
+    assert Message.objects.get(pk=a1.pk).status == "delivered"
+    failed = Message.objects.get(pk=a2.pk)
+    assert (failed.status, failed.attempts, failed.attempt_log.count()) == ("pending", 1, 1)
+    assert failed.available_at > timezone.now() + dt.timedelta(seconds=30)
+    for later in rest:
+        row = Message.objects.get(pk=later.pk)
+        assert (row.status, row.attempts, row.locked_by, row.attempt_log.count()) == ("pending", 0, None, 0)
+    assert Message.objects.get(pk=b1.pk).status == "delivered"
+    Message.objects.filter(pk=a2.pk).update(available_at=timezone.now())
+    relay_until(lambda: keyed(log, "A") == [1, 2, 2, 3, 4])
 
 
 def test_a_failing_head_holds_its_key_back_until_it_is_delivered(log, settings):
@@ -345,3 +387,33 @@ def test_a_sleeping_worker_wakes_for_the_next_due_message_not_the_poll(worker_pr
         assert later.delivered_at >= later.available_at
         assert (later.delivered_at - later.available_at).total_seconds() < 10
     worker.stop()
+
+
+def test_concurrent_claims_never_split_a_keys_run(postgres, log):
+    """Two workers claiming at the same moment: a key's messages go to one of them, a run from the key's
+    head, never a head to one and the messages after it to the other (SKIP LOCKED skips rows one by one,
+    so the claim keeps a key's messages only as far as it locked every one before them)."""
+    for round_ in range(20):
+        Message.objects.all().delete()
+        sent = [outbox.send("ord.x", {"n": n}, key=f"K{n % 3}") for n in range(30)]
+        by_key = {k: [m.id for m in sent if m.key == k] for k in ("K0", "K1", "K2")}
+        barrier = threading.Barrier(2)
+        results: dict[str, list[Message]] = {}
+        errors: list[BaseException] = []
+
+        def claimer(name: str, barrier: threading.Barrier = barrier, results: dict = results) -> None:
+            barrier.wait(5)
+            results[name] = store.claim("default", worker=name, limit=7, lease_seconds=60)
+
+        threads = [in_thread(lambda name=name: claimer(name), errors) for name in ("w1", "w2")]
+        for thread in threads:
+            thread.join(10)
+        assert not errors, errors
+        holders: dict[str, set[str]] = {}
+        for name, claimed in results.items():
+            for key, ids in by_key.items():
+                mine = [m.id for m in claimed if m.key == key]
+                if mine:
+                    assert mine == ids[: len(mine)], f"round {round_}: {name} holds {mine} of {key} {ids}"
+                    holders.setdefault(key, set()).add(name)
+        assert all(len(names) == 1 for names in holders.values()), f"round {round_}: {holders}"
