@@ -92,6 +92,13 @@ class Message(models.Model):
             # The claim walks this in id order and stops after a batch: cost stays flat however much
             # history the table holds, because delivered rows are not in it.
             models.Index(fields=["id"], name="outbox_msg_pending_idx", condition=models.Q(status="pending")),
+            # The claim's walk for unkeyed messages (keyed ones are found per key, on the open keys' index):
+            # without it, a deep keyed backlog sat in front of every unkeyed message on the pending index.
+            models.Index(
+                fields=["id"],
+                name="outbox_msg_unkeyed_idx",
+                condition=models.Q(status="pending", key__isnull=True),
+            ),
             # "When is the next message due?" for a sleeping worker.
             models.Index(fields=["available_at"], name="outbox_msg_due_idx", condition=models.Q(status="pending")),
             # The rows in flight, by holder: the heartbeat extends a worker's leases through it, and the

@@ -7,7 +7,9 @@ large table; these do neither, on each database the outbox supports:
 
 - ``AddIndexOnline`` / ``RemoveIndexOnline``: PostgreSQL ``CREATE/DROP INDEX CONCURRENTLY`` (the migration
   must set ``atomic = False``), MariaDB/MySQL ``ALGORITHM=INPLACE, LOCK=NONE`` (the server refuses rather
-  than block writes), SQLite as Django does it (one writer at a time: there is no online there).
+  than block writes; a partial index is left out there, as the initial migration leaves out the
+  model's others: MariaDB and MySQL ignore the condition and would index every row), SQLite as Django
+  does it (one writer at a time: there is no online there).
 - ``WithLockTimeout``: runs other operations under a short lock wait (PostgreSQL ``lock_timeout``,
   MariaDB/MySQL ``lock_wait_timeout``) and tries again after a pause when the lock is not had in time, each
   try in its own transaction or savepoint, so a long transaction holding the table costs a failed try,
@@ -50,6 +52,8 @@ def _vendor(schema_editor: BaseDatabaseSchemaEditor) -> str:
 
 
 def _refuse_a_transaction(operation: Operation, schema_editor: BaseDatabaseSchemaEditor) -> None:
+    if schema_editor.collect_sql:  # sqlmigrate, the linter: nothing runs, in a transaction or not
+        return
     if _vendor(schema_editor) == "postgresql" and schema_editor.connection.in_atomic_block:
         raise NotSupportedError(
             f"{type(operation).__name__} builds the index CONCURRENTLY, which PostgreSQL refuses inside a "
@@ -104,6 +108,8 @@ def _add_index(schema_editor: BaseDatabaseSchemaEditor, model: type[models.Model
         with _no_lock_timeout(schema_editor):
             schema_editor.add_index(model, index, concurrently=True)  # type: ignore[call-arg]
     elif vendor == "mysql":
+        if index.condition is not None:  # no partial index there: the whole one would be another index
+            return
         statement = index.create_sql(model, schema_editor)
         if statement is not None:  # None: a partial or functional index this server cannot hold
             schema_editor.execute(f"{statement}{MYSQL_ONLINE}", params=None)
@@ -117,6 +123,8 @@ def _remove_index(schema_editor: BaseDatabaseSchemaEditor, model: type[models.Mo
         with _no_lock_timeout(schema_editor):
             schema_editor.remove_index(model, index, concurrently=True)  # type: ignore[call-arg]
     elif vendor == "mysql":  # MariaDB's DROP INDEX takes no algorithm clause; its ALTER TABLE does
+        if index.condition is not None:  # never made there (``_add_index``)
+            return
         table, name = schema_editor.quote_name(model._meta.db_table), schema_editor.quote_name(str(index.name))
         schema_editor.execute(f"ALTER TABLE {table} DROP INDEX {name}, ALGORITHM=INPLACE, LOCK=NONE")
     else:

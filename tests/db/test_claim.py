@@ -254,3 +254,27 @@ def test_the_record_commits_durably(postgres):
     with transaction.atomic():
         assert store.record("default", worker="w1", outcomes=[outcome]) == set()
         assert _synchronous_commit() == "on"
+
+
+DEEP_KEYS = """
+INSERT INTO django_outbox_message (uuid, topic, key, payload, headers, status, attempts, max_attempts,
+    available_at, created_at, last_error)
+SELECT gen_random_uuid(), 'probe.t', 'tenant-' || (i %% 5), '{}'::jsonb, '{}'::jsonb, 'pending', 0, 5, now(), now(), ''
+FROM generate_series(1, %s) AS i
+"""
+
+
+def test_the_claims_cost_does_not_grow_with_the_backlog_behind_a_few_keys(postgres):
+    """A claim reads the keys' heads and a batch of their runs, not the backlog behind them: the pages one
+    claim reads with 5,000 and with 50,000 messages pending on five keys (no unkeyed message to find)."""
+    read = []
+    for backlog in (5_000, 50_000):
+        with connection.cursor() as cursor:
+            cursor.execute("DELETE FROM django_outbox_message")
+            cursor.execute(DEEP_KEYS, [backlog])
+            cursor.execute("ANALYZE django_outbox_message")
+            sql, params = store.claim_sql(connection, worker="w", limit=100, lease_seconds=60)
+            pages, plan = _pages(cursor, sql, params)
+        assert "outbox_msg_unkeyed_idx" in plan, plan
+        read.append(pages)
+    assert read[1] < 2 * read[0] + 100, f"pages read by one claim at 5,000 and 50,000 pending: {read}"

@@ -48,6 +48,7 @@ VENDOR_SHAPED: dict[str, set[tuple[str, ...]]] = {
                 "outbox_msg_status_id_idx",
                 "outbox_msg_pending_idx",
                 "outbox_msg_key_open_idx",
+                "outbox_msg_unkeyed_idx",
             )
         ),
     },
