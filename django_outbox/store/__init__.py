@@ -42,7 +42,7 @@ from .db import (
 )
 from .leases import Reaped, extend_leases, reap, release
 from .notify import notify_now, notify_on_commit
-from .producing import KEY_LOCK_CLASS, NewMessage, insert, insert_many
+from .producing import BATCH_LOCK_CLASS, KEY_LOCK_CLASS, NewMessage, insert, insert_many
 from .recording import MAX_RETRY_DELAY_SECONDS, Outcome, record, retry_seconds
 from .rows import COLUMNS
 from .workers import WorkerBeat, database_now, heartbeat
@@ -52,6 +52,7 @@ __all__ = [
     "ARCHIVED_MESSAGE",
     "ATTEMPT",
     "ATTEMPTS_MAX",
+    "BATCH_LOCK_CLASS",
     "CANCELLED",
     "COLUMNS",
     "DEAD",

@@ -223,7 +223,8 @@ def _runs_sql(
     sql = _runs_text(pg, topic_sql, blocking_statuses(), int(limit), cap)
     cursor = key_cursor(worker)
     if pg:
-        return sql, [cursor, cursor, cursor, *topic_params, *topic_params, *topic_params, worker, float(lease_seconds)]
+        # the topic filter: the head's lock and the run (k1), the unkeyed walk (u), the heads' walk (k2)
+        return sql, [cursor, cursor, cursor, *topic_params * 4, worker, float(lease_seconds)]
     now = timezone.now()
     due = prep_dt(conn, now)
     until = prep_dt(conn, now + dt.timedelta(seconds=lease_seconds))
@@ -278,13 +279,23 @@ def _runs_text(pg: bool, topic_sql: str, blocking: tuple[str, ...], limit: int, 
     )
     ok = f"status = {pending} AND available_at <= {now}{topic_sql}"
     if pg:
+        # The key's head is locked first (SKIP LOCKED, and only if it can be claimed, rereading it as it is
+        # now): a key whose head another claim holds is passed over, and the walk goes on to other keys
+        # instead of filling the batch with a run it cannot have. The rest of the run is read from the
+        # statement's snapshot and locked with the other candidates (``locked``). A row that cannot be
+        # claimed is never locked: a claim of another worker's topics must not hide it from that worker.
+        this_key = "(b.key, b.id) > (served.k, -1) AND b.key <= served.k"
         k1 = (
-            "k1 AS (SELECT r.id, r.key FROM served CROSS JOIN LATERAL (SELECT w.id, w.key FROM"
+            "k1 AS (SELECT r.id, r.key FROM served"
+            f" CROSS JOIN LATERAL (SELECT b.id FROM {MESSAGE} AS b WHERE {this_key} AND {open_b}"
+            " ORDER BY b.key, b.id LIMIT 1) AS h"
+            f" CROSS JOIN LATERAL (SELECT x.id FROM {MESSAGE} AS x WHERE x.id = h.id AND x.{ok}"
+            " FOR UPDATE OF x SKIP LOCKED) AS lk"
+            " CROSS JOIN LATERAL (SELECT w.id, w.key FROM"
             f" (SELECT b.id, b.key, bool_and(b.{ok}) OVER (ORDER BY b.id) AS ok FROM"
             f" (SELECT b.id, b.key, b.status, b.available_at, b.topic FROM {MESSAGE} AS b"
-            f" WHERE (b.key, b.id) > (served.k, -1) AND b.key <= served.k AND {open_b}"
-            f" ORDER BY b.key, b.id LIMIT {cap}) AS b) AS w WHERE w.ok) AS r"
-            f" LIMIT {limit})"
+            f" WHERE {this_key} AND {open_b} ORDER BY b.key, b.id LIMIT {cap}) AS b) AS w"
+            f" WHERE w.ok AND w.id >= lk.id) AS r LIMIT {limit})"
         )
         head = (
             f"c.id = (SELECT b.id FROM {MESSAGE} AS b WHERE (b.key, b.id) > (c.key, -1) AND {open_b}"
@@ -299,11 +310,16 @@ def _runs_text(pg: bool, topic_sql: str, blocking: tuple[str, ...], limit: int, 
         )
         head = f"NOT EXISTS (SELECT 1 FROM {MESSAGE} AS b WHERE b.key = c.key AND b.id < c.id AND {open_b})"
     due_c = f"c.status = {pending} AND c.available_at <= {now}{topic_sql}"
-    u = f"u AS (SELECT c.id, c.key FROM {MESSAGE} AS c WHERE {due_c} AND c.key IS NULL ORDER BY c.id LIMIT {limit})"
+    # Locked as they are walked (SKIP LOCKED), so two claims at once each walk on past what the other holds.
+    skip_locked = " FOR UPDATE OF c SKIP LOCKED" if pg else ""
+    u = (
+        f"u AS (SELECT c.id, c.key FROM {MESSAGE} AS c WHERE {due_c} AND c.key IS NULL"
+        f" ORDER BY c.id LIMIT {limit}{skip_locked})"
+    )
     k2 = (
         f"k2 AS (SELECT c.id, c.key FROM {MESSAGE} AS c WHERE {due_c} AND c.key IS NOT NULL AND {head}"
         f" AND (SELECT count(*) FROM k1) < {limit} AND (SELECT max(n) FROM keys) >= {bound}"
-        f" ORDER BY c.id LIMIT {limit})"
+        f" ORDER BY c.id LIMIT {limit}{skip_locked})"
     )
     cand = (
         "cand AS (SELECT x.id, x.key FROM (SELECT id, key FROM k1 UNION SELECT id, key FROM k2"

@@ -212,6 +212,18 @@ _LAST_PYTHON_TIME = "timestamptz '9999-12-31 23:59:59.999999+00'"
 #: (``pg_advisory_xact_lock(KEY_LOCK_CLASS, hashtext(key))``): "outb" in ASCII, so the outbox's locks
 #: stand apart from an application's own in ``pg_locks`` and do not collide with its one-bigint ones.
 KEY_LOCK_CLASS = 0x6F757462
+#: The lock that stands for every key at once (``pg_advisory_xact_lock(BATCH_LOCK_CLASS, 0)``, "outB"):
+#: every keyed producer takes it shared beside its keys' locks, and a ``send_many()`` of more than
+#: ``MANY_KEYS`` distinct keys takes it alone, exclusively, instead of one lock per key. Locks live in a
+#: table of the server's shared memory that every session shares (``max_locks_per_transaction`` times
+#: the connections): one lock per key of a batch of 50,000 keys filled it, and the application's own
+#: queries in other sessions failed with "out of shared memory" until the batch ended.
+BATCH_LOCK_CLASS = 0x6F757442
+#: Distinct keys above which a batch takes the one exclusive lock: a lock per key up to here, as a few
+#: concurrent batches fit in the lock table's default room (64 a connection), and keyed producers of other
+#: keys go on beside them.
+MANY_KEYS = 64
+_SHARED_KEYS_LOCK = f"pg_advisory_xact_lock_shared({BATCH_LOCK_CLASS}, 0)"
 
 
 @functools.cache
@@ -225,7 +237,10 @@ def _insert_sql(
     # earlier one is still invisible (docs/ordering.md). In autocommit the statement is the transaction,
     # so the lock is released the moment the row is committed. OFFSET 0 keeps the subquery (and its
     # volatile call) where it is. A message without a key is not ordered, and takes no lock.
-    lock_first = f" FROM (SELECT pg_advisory_xact_lock({KEY_LOCK_CLASS}, hashtext(%s)) OFFSET 0) AS key_lock"
+    lock_first = (
+        f" FROM (SELECT {_SHARED_KEYS_LOCK}, pg_advisory_xact_lock({KEY_LOCK_CLASS}, hashtext(%s)) OFFSET 0)"
+        " AS key_lock"
+    )
     lock_first = lock_first if pg and keyed else ""
     jsonb = "%s::jsonb" if pg else "%s"
     # The conflict target names the partial unique index by its column and predicate.
@@ -450,8 +465,10 @@ def _insert_many_sql(
         notifying = notify is not None
         if notifying:
             params.append(notify)
-        keyed = any(new.key is not None for new in news)
-        return _insert_many_pg_sql(keyed=keyed, idempotent=idempotent, notify=notifying), params
+        keys = {new.key for new in news if new.key is not None}
+        bulk = len(keys) > MANY_KEYS
+        sql = _insert_many_pg_sql(keyed=bool(keys), idempotent=idempotent, notify=notifying, bulk=bulk)
+        return sql, params
     values = []
     params = []
     for new in news:
@@ -491,7 +508,7 @@ def _string(value: str | None) -> str:
 
 
 @functools.cache
-def _insert_many_pg_sql(*, keyed: bool, idempotent: bool, notify: bool) -> str:
+def _insert_many_pg_sql(*, keyed: bool, idempotent: bool, notify: bool, bulk: bool = False) -> str:
     # The batch is read once (a materialized CTE over the JSON document). The keys' locks: one per
     # distinct lock number, taken in ascending order of it (the subquery's ORDER BY, kept by OFFSET 0),
     # so two batches with overlapping keys lock them in the same order and never deadlock each other;
@@ -509,7 +526,11 @@ def _insert_many_pg_sql(*, keyed: bool, idempotent: bool, notify: bool) -> str:
         " FROM ROWS FROM (jsonb_to_recordset(%s::jsonb) AS (u uuid, t text, k text, p jsonb, h jsonb, i text,"
         " m int, a timestamptz, d float8)) WITH ORDINALITY AS r(u, t, k, p, h, i, m, a, d, place))"
     )
+    # More keys than MANY_KEYS: the one lock that stands for every key, exclusively (BATCH_LOCK_CLASS).
     locks = (
+        f" (SELECT pg_advisory_xact_lock({BATCH_LOCK_CLASS}, 0) OFFSET 0) AS key_locks CROSS JOIN"
+        if bulk
+        else f" (SELECT {_SHARED_KEYS_LOCK} OFFSET 0) AS keys_lock CROSS JOIN"
         f" (SELECT count(pg_advisory_xact_lock({KEY_LOCK_CLASS}, s.lock)) FROM (SELECT DISTINCT hashtext(key) AS lock"
         " FROM batch WHERE key IS NOT NULL ORDER BY 1 OFFSET 0) AS s) AS key_locks CROSS JOIN"
         if keyed

@@ -226,9 +226,14 @@ _PERMANENT = frozenset(
     }
 )
 
-#: Answers that mean the broker no longer knows this producer's idempotent session.
+#: Answers that mean the broker no longer knows this producer's idempotent session, or that the session
+#: cannot be trusted to move on: a record that timed out in the producer's own queue (``_MSG_TIMED_OUT``)
+#: after a broker restarted empty left its partition waiting on a sequence the broker never stored, and
+#: every later record of that partition (a key's, in order) timed out behind it until the producer was
+#: replaced.
 _SESSION_BROKEN = frozenset(
     {
+        KafkaError._MSG_TIMED_OUT,
         KafkaError.PRODUCER_FENCED,
         KafkaError.OUT_OF_ORDER_SEQUENCE_NUMBER,
         KafkaError.UNKNOWN_PRODUCER_ID,
@@ -282,6 +287,7 @@ class KafkaTransport(BrokerTransport):
                 if value is _WAITING:
                     results[index] = TransientDeliveryError(f"Kafka did not confirm the message: {reason}")
             self._verified = False
+            self._doubtful = True  # purged records leave gaps in the session's sequence: start a new one
         if self._fatal is not None or self._doubtful:
             self._discard()  # the next batch starts a new idempotent session, with a producer id of its own
         return list(results)

@@ -338,9 +338,12 @@ def test_an_autocommit_send_takes_the_key_lock_in_its_own_statement(postgres, lo
         outbox.send("ord.x", {"n": 2}, key="K")
         with connection.cursor() as cursor:
             cursor.execute(
-                "SELECT count(*) FROM pg_locks WHERE locktype = 'advisory' AND pid = pg_backend_pid() AND granted"
+                "SELECT count(*) FILTER (WHERE classid = %s::int8::oid AND mode = 'ExclusiveLock'),"
+                " count(*) FILTER (WHERE classid = %s::int8::oid AND objid = 0 AND mode = 'ShareLock')"
+                " FROM pg_locks WHERE locktype = 'advisory' AND pid = pg_backend_pid() AND granted",
+                [store.KEY_LOCK_CLASS, store.BATCH_LOCK_CLASS],
             )
-            assert cursor.fetchone() == (1,), "held until the transaction ends"
+            assert cursor.fetchone() == (1, 1), "the key's lock and the shared one, held until the transaction ends"
 
 
 def test_send_takes_the_key_lock_before_the_row_id(postgres, log):
@@ -352,7 +355,7 @@ def test_send_takes_the_key_lock_before_the_row_id(postgres, log):
         cursor.execute("EXPLAIN (VERBOSE, COSTS OFF) " + insert)
         lines = [row[0] for row in cursor.fetchall()]
     projects_id = next(line for line in lines if "nextval(" in line)
-    takes_lock = next(line for line in lines if "Output: pg_advisory_xact_lock(" in line)
+    takes_lock = next(line for line in lines if "Output: " in line and "pg_advisory_xact_lock(" in line)
     depth = lambda line: len(line) - len(line.lstrip())  # noqa: E731
     assert lines.index(takes_lock) > lines.index(projects_id) and depth(takes_lock) > depth(projects_id), lines
 

@@ -23,6 +23,7 @@ from django_outbox import (
     PayloadTooLargeError,
     UnknownTopicError,
     outbox,
+    store,
 )
 from django_outbox.models import Message
 from django_outbox.retention import housekeeping
@@ -406,9 +407,12 @@ def test_a_batch_locks_each_key_once_and_keeps_them_to_commit(postgres: None):
         outbox.send_many([{"topic": "probe.created", "payload": n, "key": f"k{n % 4}"} for n in range(40)])
         with connection.cursor() as cursor:
             cursor.execute(
-                "SELECT count(*) FROM pg_locks WHERE locktype = 'advisory' AND pid = pg_backend_pid() AND granted"
+                "SELECT count(*) FILTER (WHERE classid = %s::int8::oid AND mode = 'ExclusiveLock'),"
+                " count(*) FILTER (WHERE classid = %s::int8::oid AND objid = 0 AND mode = 'ShareLock')"
+                " FROM pg_locks WHERE locktype = 'advisory' AND pid = pg_backend_pid() AND granted",
+                [store.KEY_LOCK_CLASS, store.BATCH_LOCK_CLASS],
             )
-            assert cursor.fetchone() == (4,)
+            assert cursor.fetchone() == (4, 1), "a lock per key, and the one every keyed producer shares"
     with connection.cursor() as cursor:
         cursor.execute("SELECT count(*) FROM pg_locks WHERE locktype = 'advisory' AND pid = pg_backend_pid()")
         assert cursor.fetchone() == (0,)
@@ -638,3 +642,66 @@ def test_returned_messages_equal_the_stored_rows_field_by_field(in_transaction):
     for message in sent:
         row = Message.objects.get(pk=message.pk)
         assert {n: getattr(message, n) for n in names} == {n: getattr(row, n) for n in names}
+
+
+def _locks_of_this_backend_held_elsewhere_ok() -> None:
+    """Another session's ordinary transaction, as the application's own queries run meanwhile."""
+    other = connect_raw(direct=True)
+    try:
+        with other.transaction():
+            other.execute("SELECT count(*) FROM django_outbox_message WHERE id < 0").fetchone()
+            other.execute("SELECT pg_advisory_xact_lock(1, 1)")  # a lock of its own needs a slot too
+    finally:
+        other.close()
+
+
+def test_a_keyed_batch_of_100000_distinct_keys_does_not_fill_the_servers_lock_table(postgres, handler: Register):
+    """One advisory lock per key filled PostgreSQL's shared lock table ("out of shared memory"), and while
+    the batch's transaction held them another session's ordinary query failed the same way. A batch of
+    many keys takes one lock that excludes every keyed producer instead; the order per key holds."""
+    handler("bulk.*", lambda m: None)
+    items = [{"topic": "bulk.t", "payload": {"n": n}, "key": f"k-{n}"} for n in range(100_000)]
+    with transaction.atomic():
+        sent = outbox.send_many(items)
+        with connection.cursor() as cursor:
+            cursor.execute("SELECT count(*) FROM pg_locks WHERE locktype = 'advisory' AND pid = pg_backend_pid()")
+            (held,) = cursor.fetchone()
+        assert held <= 2, f"{held} advisory locks held by one batch"
+        _locks_of_this_backend_held_elsewhere_ok()
+    assert len(sent) == 100_000
+    assert Message.objects.filter(topic="bulk.t").count() == 100_000
+
+
+def test_a_keyed_send_waits_while_a_batch_of_many_keys_is_open(postgres, handler: Register):
+    """The batch's one lock stands for every key it holds: a keyed send() of any key, even one the batch
+    lacks, waits for the batch's transaction, so no key's ids commit out of order."""
+    from django_outbox.store import producing
+
+    handler("bulk.*", lambda m: None)
+    items = [{"topic": "bulk.t", "payload": {"n": n}, "key": f"k-{n}"} for n in range(producing.MANY_KEYS + 1)]
+    opened, release = threading.Event(), threading.Event()
+
+    def batch() -> None:
+        with transaction.atomic():
+            outbox.send_many(items)
+            opened.set()
+            release.wait(30)
+
+    thread = in_thread(batch)
+    sent = threading.Event()
+    try:
+        assert opened.wait(30)
+
+        def send_one() -> None:
+            outbox.send("bulk.t", {"n": -1}, key="k-0")
+            sent.set()
+
+        other = in_thread(send_one)
+        assert not sent.wait(1), "a keyed send() of a key in the open batch went through"
+    finally:
+        release.set()
+        thread.join(30)
+    assert sent.wait(30)
+    other.join(30)
+    ids = list(Message.objects.filter(key="k-0").order_by("id").values_list("payload", flat=True))
+    assert ids == [{"n": 0}, {"n": -1}]
