@@ -99,9 +99,11 @@ POOLER_PAUSE_LONGEST = 20.0
 # Faults for the consumer (bench/chaos_consumer/outbox.py), by a producer's message number modulo 1000.
 FAULT_EVERY = 1000
 FAULTS = {10: "kill_in_transaction", 30: "kill_after_commit", 50: "raise_in_transaction", 70: "raise_after_commit"}
-# Batches of 10: the normal messages have 50 ordering keys, and a claim takes only the head of each key, so
-# a batch of 50 let one delivery thread hold every key while the others idled; on a loaded machine such a
-# batch took longer than the 2 to 4 s between two kills (which prefer busy workers), and little got done.
+# Batches of 10: the normal messages have 50 ordering keys, and a batch of 50 let one delivery thread hold
+# every key while the others idled; on a loaded machine such a batch took longer than the 2 to 4 s between
+# two kills (which prefer busy workers), and little got done. A batch of 10 also holds runs of a key's
+# messages (a claim takes a key's consecutive ones), which the kills cut in the middle: the order bar
+# ("keys delivered out of order") checks that no key's messages first arrived out of send order.
 WORKER_OPTIONS = (
     "--lease",
     LEASE,
@@ -928,7 +930,7 @@ def report(run: Run, wall: float) -> int:
     messages = {
         m["idempotency_key"]: m
         for m in Message.objects.filter(idempotency_key__startswith=KEY_PREFIX).values(
-            "id", "uuid", "idempotency_key", "status", "payload", "topic"
+            "id", "uuid", "idempotency_key", "status", "payload", "topic", "key"
         )
     }
     ghosts = len(rolled_back & set(messages))
@@ -937,8 +939,11 @@ def report(run: Run, wall: float) -> int:
     by_id = {m["id"]: m for m in messages.values()}
 
     received: collections.defaultdict[int, list[int | None]] = collections.defaultdict(list)
-    for message_id, attempt in Delivery.objects.values_list("message_id", "attempt"):
+    # Each destination's deliveries in the order it received them (message ids), for the order per key.
+    arrivals: dict[str, list[int]] = {"handler": [], "broker": []}
+    for message_id, attempt in Delivery.objects.order_by("id").values_list("message_id", "attempt"):
         received[message_id].append(attempt)
+        arrivals["handler"].append(message_id)
     unknown_records = 0  # records at the broker naming no message of the run
     if run.args.broker == "kafka":
         from bench.chaos_consumer import kafka
@@ -950,6 +955,8 @@ def report(run: Run, wall: float) -> int:
                 received[id_of[message_uuid]].append(None)  # a record carries no attempt number
             else:
                 unknown_records += 1
+        # a key's records share a partition: the broker's order is (restart generation, offset) there
+        arrivals["broker"] = [id_of[u] for _, u in sorted(records.items()) if u in id_of]
     elif run.args.broker:
         import redis
 
@@ -958,8 +965,10 @@ def report(run: Run, wall: float) -> int:
         id_of = {str(m["uuid"]): m["id"] for m in messages.values()}
         for _, fields in client.xrange(stream, "-", "+"):
             received[id_of[fields["id"]]].append(None)  # a stream entry carries no attempt number
+            arrivals["broker"].append(id_of[fields["id"]])
         client.delete(stream)
         client.close()
+    out_of_order = keys_out_of_order(arrivals, {m["id"]: m["key"] for m in messages.values()})
 
     attempts: collections.defaultdict[int, dict[int, list[tuple[str, str]]]] = collections.defaultdict(dict)
     for message_id, number, outcome, error in Attempt.objects.values_list("message_id", "number", "outcome", "error"):
@@ -1037,6 +1046,7 @@ def report(run: Run, wall: float) -> int:
         "lost": lost,
         "duplicates": duplicates,
         "duplicates unexplained": unexplained,
+        "keys delivered out of order": out_of_order,
         "rolled back and absent": f"{len(rolled_back) - ghosts} of {len(rolled_back)}",
         "rolled back but present": ghosts,
         "in the table without a producer's commit": phantoms,
@@ -1086,7 +1096,7 @@ def report(run: Run, wall: float) -> int:
     for error, count in broker_failures.most_common(5):
         print(f"  failed attempt to the broker: {error}: {count}")
     bad = lost or unexplained or ghosts or phantoms or dead_unexpected or dead_by_design != designed_to_die
-    bad = bad or unknown_records
+    bad = bad or unknown_records or out_of_order
     bad = bad or not effects.ok
     print(
         "\nFAILED" if bad else "\nOK: nothing lost, every duplicate explained, every effect applied exactly once",
@@ -1095,6 +1105,28 @@ def report(run: Run, wall: float) -> int:
     if run.args.json:
         Path(run.args.json).write_text(json.dumps(figures, indent=2) + "\n")
     return 1 if bad else 0
+
+
+def keys_out_of_order(arrivals: Mapping[str, Sequence[int]], key_of: Mapping[int, str | None]) -> int:
+    """Keys whose messages first reached a destination out of id order (send order).
+
+    Only first arrivals count: a message delivered again (its attempt did not end cleanly) arrives again
+    later, after the key's next messages can have gone, which the duplicates' audit explains. Each
+    destination is read on its own: a key's messages are split between the handler and the broker.
+    """
+    wrong: set[str] = set()
+    for order in arrivals.values():
+        seen: set[int] = set()
+        last: dict[str, int] = {}
+        for message_id in order:
+            key = key_of.get(message_id)
+            if message_id in seen or key is None:
+                continue
+            seen.add(message_id)
+            if message_id < last.get(key, -1):
+                wrong.add(key)
+            last[key] = max(message_id, last.get(key, -1))
+    return len(wrong)
 
 
 def _duplicate_reason(outcomes: list[tuple[str, str]]) -> str | None:

@@ -772,6 +772,58 @@ def _safe_ratio(value: float, reference: float) -> float:
 ENQUEUE_MODES = ("send", "floor_notify", "send_quiet", "floor")
 
 
+def _ratio(reps: list[Json], mode: str, reference: str) -> float:
+    return median([r[mode] / r[reference] for r in reps])
+
+
+def _rates(per: int, reps: list[Json], modes: tuple[str, ...], **ratios: tuple[str, str]) -> Json:
+    """The figure of a producers' run: each mode's median rate, the named ratios, and every repetition."""
+    return {
+        "transactions_per_producer": per,
+        **{f"{mode}_per_s": median([r[mode] for r in reps]) for mode in modes},
+        **{name: _ratio(reps, mode, reference) for name, (mode, reference) in ratios.items()},
+        "reps": reps,
+    }
+
+
+def _producer_reps(ctx: Context, producers: int, per: int, modes: tuple[str, ...]) -> list[Json]:
+    """Per repetition, transactions per second of each of ``modes`` (``bench/producer.py``), the modes'
+    order reversed every other repetition."""
+    plan: list[str] = []
+    for first in interleaved(ctx.sizes.reps):
+        plan += list(modes) if first else list(modes)[::-1]
+    rounds = _producer_rounds(ctx, producers, per, plan)
+    return [dict(rounds[i : i + len(modes)]) for i in range(0, len(rounds), len(modes))]
+
+
+def _producer_rounds(ctx: Context, producers: int, per: int, plan: list[str]) -> list[tuple[str, float]]:
+    """Transactions per second of each round of ``plan`` (``bench/producer.py`` modes), ``producers``
+    processes at once, each running ``per`` transactions a round; a round starts when its file appears."""
+    import tempfile
+
+    with tempfile.TemporaryDirectory(prefix="bench-producers-") as go_dir:
+        started = [
+            procs.Proc(
+                [sys.executable, str(procs.ROOT / "bench" / "producer.py"), go_dir, str(per), *plan],
+                env={"DATABASE_URL": ctx.dsn},
+            )
+            for _ in range(producers)
+        ]
+        rounds: list[tuple[str, float]] = []
+        try:
+            for p in started:
+                p.wait_for_line("ready", timeout=180)
+            for number, mode in enumerate(plan):
+                t0 = time.monotonic()
+                open(os.path.join(go_dir, f"go-{number}"), "w").close()
+                for p in started:
+                    p.wait_for_line(f"done {number} ", timeout=300)
+                rounds.append((mode, producers * per / (time.monotonic() - t0)))
+        finally:
+            procs.stop_all(started)
+    return rounds
+
+
 def enqueue(ctx: Context) -> Json:
     """Transactions per second of 1, 4 and 16 producer processes: send() against the floor, NOTIFY on and off.
 
@@ -781,44 +833,14 @@ def enqueue(ctx: Context) -> Json:
     hand-written ``INSERT`` into the minimal table, with ``pg_notify`` (``floor_notify``, against
     ``send`` with NOTIFY on) or without (``floor``, against ``send_quiet``, ``OUTBOX["NOTIFY"] = False``).
     """
-    import tempfile
-
     ensure_minimal(ctx)
     result: Json = {"by_producers": {}}
     for producers in ctx.sizes.enqueue_producers:
         per = max(4, ctx.sizes.enqueue_transactions // producers)
-        plan: list[str] = []
-        for first in interleaved(ctx.sizes.reps):
-            plan += list(ENQUEUE_MODES) if first else list(ENQUEUE_MODES)[::-1]
-        with tempfile.TemporaryDirectory(prefix="bench-enqueue-") as go_dir:
-            started = [
-                procs.Proc(
-                    [sys.executable, str(procs.ROOT / "bench" / "producer.py"), go_dir, str(per), *plan],
-                    env={"DATABASE_URL": ctx.dsn},
-                )
-                for _ in range(producers)
-            ]
-            rounds: list[tuple[str, float]] = []
-            try:
-                for p in started:
-                    p.wait_for_line("ready", timeout=180)
-                for number, mode in enumerate(plan):
-                    t0 = time.monotonic()
-                    open(os.path.join(go_dir, f"go-{number}"), "w").close()
-                    for p in started:
-                        p.wait_for_line(f"done {number} ", timeout=300)
-                    rounds.append((mode, producers * per / (time.monotonic() - t0)))
-            finally:
-                procs.stop_all(started)
-        reps: list[Json] = [dict(rounds[i : i + len(ENQUEUE_MODES)]) for i in range(0, len(rounds), len(ENQUEUE_MODES))]
-        figure: Json = {
-            "transactions_per_producer": per,
-            **{f"{mode}_per_s": median([r[mode] for r in reps]) for mode in ENQUEUE_MODES},
-            "ratio_notify": median([r["send"] / r["floor_notify"] for r in reps]),
-            "ratio_quiet": median([r["send_quiet"] / r["floor"] for r in reps]),
-            "notify_cost": median([r["floor_notify"] / r["floor"] for r in reps]),
-            "reps": reps,
-        }
+        reps = _producer_reps(ctx, producers, per, ENQUEUE_MODES)
+        figure = _rates(per, reps, ENQUEUE_MODES, ratio_notify=("send", "floor_notify"))
+        figure["ratio_quiet"] = _ratio(reps, "send_quiet", "floor")
+        figure["notify_cost"] = _ratio(reps, "floor_notify", "floor")
         figure["ok"] = figure["ratio_notify"] >= 0.9 and figure["ratio_quiet"] >= 0.9
         result["by_producers"][str(producers)] = figure
         ctx.log(
@@ -828,6 +850,33 @@ def enqueue(ctx: Context) -> Json:
         )
     result["target"] = "send >= 0.9x the floor at the same concurrency"
     result["ok"] = all(f["ok"] for f in result["by_producers"].values())
+    return result
+
+
+KEYED_MODES = ("send_quiet", "key_many", "key_one")
+
+
+def keyed_producers(ctx: Context) -> Json:
+    """Transactions per second of 1, 4 and 16 producer processes sending keyed messages, against unkeyed.
+
+    The cost of a keyed ``send()``: its key's lock (and the lock every keyed producer shares) taken before
+    the row's id and held to commit. ``key_many``: each transaction a key of its own (the locks cost, no
+    producer waits); ``key_one``: every producer on one key (they queue for its lock, one commit at a
+    time). NOTIFY is off in all three, so the figure is the locks'. Rounds as in ``enqueue``.
+    """
+    ensure_minimal(ctx)  # the producers' warm-up writes to it
+    result: Json = {"by_producers": {}}
+    for producers in ctx.sizes.enqueue_producers:
+        per = max(4, ctx.sizes.enqueue_transactions // producers)
+        reps = _producer_reps(ctx, producers, per, KEYED_MODES)
+        figure = _rates(per, reps, KEYED_MODES, ratio_key_many=("key_many", "send_quiet"))
+        figure["ratio_key_one"] = _ratio(reps, "key_one", "send_quiet")
+        result["by_producers"][str(producers)] = figure
+        ctx.log(
+            f"  keyed producers x{producers}: "
+            + ", ".join(f"{m} {figure[m + '_per_s']:,.0f} tx/s" for m in KEYED_MODES)
+            + f"; many keys {figure['ratio_key_many']:.2f}x, one key {figure['ratio_key_one']:.2f}x of unkeyed"
+        )
     return result
 
 

@@ -4,7 +4,7 @@
         [--pending 100000] [--reps 3] [--json FILE]
 
 For each database and each table size it makes a database of its own (``bench_online``), migrates it to
-the outbox's initial migration, fills the message table with ``--rows`` delivered messages, and then, per
+the outbox's own migrations (``BASE``), fills the message table with ``--rows`` delivered messages, and then, per
 repetition and per variant, with ``--pending`` pending messages added, a producer calling ``outbox.send()``
 every 5 ms (each in a transaction of its own, as a request) and two ``outbox_worker`` processes draining,
 runs ``manage.py migrate`` one migration at a time through three changes to the message table:
@@ -47,6 +47,8 @@ DSN = {
     "mysql": "mysql://root@127.0.0.1:3306/bench_online",
 }
 VARIANTS = {"online": "tests.support.migration_samples.safe", "plain": "tests.support.migration_samples.plain"}
+#: The package's migrations the samples build on (each variant repeats them), where each run goes back to.
+BASE = "0002_pending_unkeyed_index"
 STEPS = ("0002_index", "0003_column", "0004_check")
 CHUNK = 1_000_000
 #: Seconds of load before the first migration (the floor is measured there) and between migrations.
@@ -115,7 +117,7 @@ def recreate(vendor: str) -> None:
         conn.cursor().execute(f"CREATE DATABASE `{name}` CHARACTER SET utf8mb4 COLLATE utf8mb4_unicode_ci")
         conn.close()
     manage(vendor, "migrate", "-v0", module=VARIANTS["online"])
-    manage(vendor, "migrate", "django_outbox", "0001_initial", "-v0", module=VARIANTS["online"])
+    manage(vendor, "migrate", "django_outbox", BASE, "-v0", module=VARIANTS["online"])
 
 
 def execute(vendor: str, sql: str) -> None:
@@ -203,7 +205,7 @@ def run_variant(vendor: str, variant: str, pending: int) -> dict[str, Any]:
             worker.proc.wait(timeout=60)
             worker.join_output()
     errors = [line for w in workers for line in w.lines if "Traceback" in line or "ERROR" in line or "rror:" in line]
-    manage(vendor, "migrate", "django_outbox", "0001_initial", "-v0", module=VARIANTS[variant])
+    manage(vendor, "migrate", "django_outbox", BASE, "-v0", module=VARIANTS[variant])
     execute(vendor, "DELETE FROM django_outbox_message WHERE status <> 'delivered'")
     return {
         "steps": steps,

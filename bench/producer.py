@@ -6,7 +6,9 @@ Round ``i`` starts when the file ``GO_DIR/go-<i>`` appears (the harness creates 
 is ready, so start-up is never timed) and runs TRANSACTIONS transactions of MODE, each creating one
 ``shop.Order`` and then: ``send`` (``outbox.send()``, NOTIFY on), ``send_quiet`` (the same with
 ``OUTBOX["NOTIFY"] = False``), ``floor`` (one hand-written INSERT into the minimal table) or
-``floor_notify`` (the same plus ``pg_notify``). Prints ``ready``, then ``done <i> <seconds>`` per round.
+``floor_notify`` (the same plus ``pg_notify``); ``key_one`` (``send()`` with NOTIFY off, every producer on
+one key: they queue for its lock) or ``key_many`` (the same, each transaction on a key of its own). Prints
+``ready``, then ``done <i> <seconds>`` per round.
 """
 
 from __future__ import annotations
@@ -43,6 +45,10 @@ def main() -> None:
             payload = {"order_id": order.pk, "item": order.item, "quantity": order.quantity}
             if mode in ("send", "send_quiet"):
                 outbox.send("bench.noop", payload)
+            elif mode == "key_one":
+                outbox.send("bench.noop", payload, key="one")
+            elif mode == "key_many":
+                outbox.send("bench.noop", payload, key=f"{os.getpid()}-{i}")
             else:
                 with connection.cursor() as cursor:
                     cursor.execute(INSERT_ONE, [json.dumps(payload)])
@@ -58,7 +64,7 @@ def main() -> None:
         while not go.exists():
             time.sleep(0.001)
         started = time.perf_counter()
-        if mode == "send_quiet":
+        if mode in ("send_quiet", "key_one", "key_many"):
             with quiet:
                 for i in range(transactions):
                     one(mode, i)

@@ -1,7 +1,7 @@
 """The outbox's benchmark: every figure beside its reference, measured in the same run, as a ratio.
 
     DATABASE_URL=postgres://postgres@127.0.0.1:5432/bench_outbox python bench/run.py [--quick | --smoke]
-        [--only send,drain,latency,enqueue,scale,opentx,memory,compare,mariadb] [--compare-python PATH]
+        [--only send,drain,latency,enqueue,keyed,scale,opentx,memory,compare,mariadb] [--compare-python PATH]
         [--output FILE]
         [--history-rows N] [--memory-messages N] [--plot PNG]
 
@@ -42,7 +42,7 @@ sys.path.insert(0, str(ROOT))
 os.environ.setdefault("DATABASE_URL", "postgres://postgres@127.0.0.1:5432/bench_outbox")
 os.environ["DJANGO_SETTINGS_MODULE"] = "bench.settings"
 
-SECTIONS = ("send", "drain", "latency", "enqueue", "scale", "opentx", "memory", "compare", "mariadb")
+SECTIONS = ("send", "drain", "latency", "enqueue", "keyed", "scale", "opentx", "memory", "compare", "mariadb")
 DEFAULT_COMPARE_PYTHON = ROOT / "bench" / ".venv-compare" / "bin" / "python"
 
 
@@ -108,6 +108,7 @@ def main(argv: list[str] | None = None) -> int:
         ("latency", "c. latency (PostgreSQL, busy neighbour)", lambda: figures.latency_neighbour(ctx)),
         ("latency", "c. latency (SQLite)", lambda: figures.latency(ctx, database="sqlite")),
         ("enqueue", "c. enqueue concurrency", lambda: figures.enqueue(ctx)),
+        ("keyed", "c. keyed producers", lambda: figures.keyed_producers(ctx)),
         ("scale", "d. claim cost vs history", lambda: figures.claim_cost(ctx)),
         ("opentx", "d. open transaction", lambda: figures.open_transaction(ctx, expected_rate=_rate(out))),
         ("memory", "e. memory", lambda: figures.memory(ctx)),
@@ -132,6 +133,7 @@ def main(argv: list[str] | None = None) -> int:
         "c. latency (PostgreSQL, busy neighbour)": "latency_neighbour",
         "c. latency (SQLite)": "latency_sqlite",
         "c. enqueue concurrency": "enqueue",
+        "c. keyed producers": "keyed",
         "d. claim cost vs history": "claim_cost",
         "d. open transaction": "open_transaction",
         "e. memory": "memory",

@@ -17,6 +17,7 @@ from django.test import override_settings
 from django_outbox import outbox
 from django_outbox.models import Message, Worker
 from tests.probe.models import Delivery
+from tests.support import schema
 from tests.support.processes import WorkerProcess
 from tests.support.waiting import wait_for
 
@@ -107,7 +108,7 @@ def test_migrate_under_load_fails_no_send_and_stops_no_worker() -> None:
             outputs.append(worker.wait(timeout=60))
         if migrated:
             with override_settings(MIGRATION_MODULES={APP: SAFE}):
-                call_command("migrate", APP, "0001_initial", verbosity=0)
+                call_command("migrate", APP, schema.package_latest(), verbosity=0)
     assert not producer.failures, producer.failures[:5]
     assert len(producer.sent) >= 100
     delivered = set(Message.objects.filter(topic="probe.during", status="delivered").values_list("id", flat=True))

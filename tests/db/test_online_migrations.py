@@ -31,6 +31,7 @@ from django_outbox.store.online import (
     ValidateCheck,
     WithLockTimeout,
 )
+from tests.support import schema
 from tests.support.database import connect_raw, connect_raw_mysql
 from tests.support.waiting import wait_for
 
@@ -43,7 +44,7 @@ COLUMN = "online_probe"
 
 
 def initial_state() -> ProjectState:
-    return MigrationLoader(connection).project_state((APP, "0001_initial"), at_end=True)
+    return MigrationLoader(connection).project_state((APP, schema.package_latest()), at_end=True)
 
 
 def forwards(operation: Operation, state: ProjectState | None = None, *, atomic: bool = False) -> ProjectState:
@@ -434,6 +435,6 @@ def test_a_migration_written_with_them_migrates_forwards_and_back() -> None:
         assert "priority" in columns()
         assert {"outbox_msg_topic_idx", *checked} <= set(indexes())
     finally:
-        call_command("migrate", APP, "0001_initial", verbosity=0)
+        call_command("migrate", APP, schema.package_latest(), verbosity=0)
     assert "priority" not in columns()
     assert not {"outbox_msg_topic_idx", "outbox_msg_priority_check"} & set(indexes())

@@ -20,6 +20,7 @@ import json
 import os
 import re
 from collections.abc import Iterator
+from pathlib import Path
 from typing import Any
 
 from django.apps import apps
@@ -148,6 +149,15 @@ class Declared:
 
     models: dict[str, Any]
     shaped: dict[str, Any]
+
+
+def package_latest() -> str:
+    """The name of the package's last migration (whatever ``MIGRATION_MODULES`` says): where a test that
+    applied sample migrations on top of it goes back to."""
+    import django_outbox.migrations
+
+    folder = Path(django_outbox.migrations.__file__).parent
+    return sorted(p.stem for p in folder.glob("[0-9][0-9][0-9][0-9]_*.py"))[-1]
 
 
 def _later_partial_indexes() -> list[tuple[str, str]]:

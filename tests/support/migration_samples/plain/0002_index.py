@@ -4,6 +4,6 @@ from django.db import migrations, models
 
 
 class Migration(migrations.Migration):
-    dependencies = (("django_outbox", "0001_initial"),)
+    dependencies = (("django_outbox", "0002_pending_unkeyed_index"),)
 
     operations = (migrations.AddIndex("message", models.Index(fields=["topic"], name="outbox_msg_topic_idx")),)

@@ -7,6 +7,6 @@ from django_outbox.store.online import AddIndexOnline
 
 class Migration(migrations.Migration):
     atomic = False
-    dependencies = (("django_outbox", "0001_initial"),)
+    dependencies = (("django_outbox", "0002_pending_unkeyed_index"),)
 
     operations = (AddIndexOnline("message", models.Index(fields=["topic"], name="outbox_msg_topic_idx")),)

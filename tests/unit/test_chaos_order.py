@@ -1,0 +1,22 @@
+"""The chaos run's order bar: a key's messages must first reach each destination in send (id) order."""
+
+from __future__ import annotations
+
+from bench.chaos import keys_out_of_order
+
+KEYS = {1: "a", 2: "b", 3: "a", 4: "a", 5: None, 6: "b"}
+
+
+def test_first_arrivals_in_id_order_pass_and_duplicates_do_not_count():
+    # 1 arrives again after 3 and 4 (an attempt that did not end cleanly): a duplicate, not a reordering
+    assert keys_out_of_order({"handler": [1, 2, 3, 1, 4, 6, 5], "broker": []}, KEYS) == 0
+
+
+def test_a_later_message_first_arriving_before_an_earlier_one_is_caught():
+    assert keys_out_of_order({"handler": [1, 4, 3, 2, 6], "broker": []}, KEYS) == 1
+
+
+def test_each_destination_is_read_on_its_own():
+    # key a split between the handler (1, 4) and the broker (3): each in order where it arrived
+    assert keys_out_of_order({"handler": [1, 4], "broker": [3, 2, 6]}, KEYS) == 0
+    assert keys_out_of_order({"handler": [1, 4], "broker": [6, 2]}, KEYS) == 1
