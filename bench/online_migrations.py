@@ -13,6 +13,9 @@ runs ``manage.py migrate`` one migration at a time through three changes to the 
 - ``column``: a new column that may be NULL;
 - ``check``: a check constraint on that column.
 
+The ``package`` variant runs the package's own migrations after its initial one (``STEPS_OF``) the same
+way, from ``0001_initial``, with workers that run the code before them (docs/upgrading.md gives its row).
+
 The variants are the same three migrations written two ways (tests/support/migration_samples): ``online``
 with ``django_outbox.store.online`` (an index built concurrently / in place, a bounded lock wait with
 retries, a check added ``NOT VALID`` and validated apart), and ``plain`` as ``makemigrations`` writes them
@@ -46,10 +49,21 @@ DSN = {
     "postgresql": "postgres://postgres@127.0.0.1:5432/bench_online",
     "mysql": "mysql://root@127.0.0.1:3306/bench_online",
 }
-VARIANTS = {"online": "tests.support.migration_samples.safe", "plain": "tests.support.migration_samples.plain"}
+#: Migration modules by variant; ``package``: the package's own migrations after its initial one.
+VARIANTS: dict[str, str | None] = {
+    "online": "tests.support.migration_samples.safe",
+    "plain": "tests.support.migration_samples.plain",
+    "package": None,
+}
 #: The package's migrations the samples build on (each variant repeats them), where each run goes back to.
 BASE = "0002_pending_unkeyed_index"
 STEPS = ("0002_index", "0003_column", "0004_check")
+#: Each variant's steps, and the migration it starts from.
+STEPS_OF = {"online": STEPS, "plain": STEPS, "package": ("0002_pending_unkeyed_index",)}
+START_OF = {"online": BASE, "plain": BASE, "package": "0001_initial"}
+#: The workers of the ``package`` variant run the code before its migrations (the previous release, as
+#: far as the schema goes); the package's own code would wait for them to be applied.
+WORKER_MODULE = {"package": "tests.support.migration_samples.initial"}
 CHUNK = 1_000_000
 #: Seconds of load before the first migration (the floor is measured there) and between migrations.
 SETTLE = 3.0
@@ -173,11 +187,12 @@ class Producer(threading.Thread):
 
 
 def run_variant(vendor: str, variant: str, pending: int) -> dict[str, Any]:
+    if START_OF[variant] != BASE:
+        manage(vendor, "migrate", "django_outbox", START_OF[variant], "-v0", module=VARIANTS[variant])
     fill(vendor, pending, status="pending")
+    worker_env = env_for(vendor, WORKER_MODULE.get(variant))
     workers = [
-        procs.Proc(
-            [sys.executable, str(ROOT / "manage.py"), "outbox_worker", "--poll-interval", "0.2"], env=env_for(vendor)
-        )
+        procs.Proc([sys.executable, str(ROOT / "manage.py"), "outbox_worker", "--poll-interval", "0.2"], env=worker_env)
         for _ in range(2)
     ]
     producer = Producer()
@@ -185,7 +200,7 @@ def run_variant(vendor: str, variant: str, pending: int) -> dict[str, Any]:
     steps: dict[str, Any] = {}
     try:
         time.sleep(SETTLE)
-        for step in STEPS:
+        for step in STEPS_OF[variant]:
             floor_start = time.monotonic() - SETTLE + 0.5
             floor = producer.longest(floor_start, time.monotonic())
             started = time.monotonic()
@@ -222,24 +237,25 @@ def median_of(runs: list[dict[str, Any]], step: str, field: str) -> float:
 
 
 def report(vendor: str, rows: int, pending: int, runs: dict[str, list[dict[str, Any]]]) -> None:
-    print(f"\n{vendor}, {rows:,} delivered + {pending:,} pending, medians of {len(runs['plain'])}:")
-    print(f"{'change':<8} {'variant':<7} {'migrate':>9} {'longest send':>13} {'floor':>8} {'vs plain':>9}")
-    for step in STEPS:
-        plain = median_of(runs["plain"], step, "longest_send_s")
-        for variant in VARIANTS:
+    reps = len(next(iter(runs.values())))
+    print(f"\n{vendor}, {rows:,} delivered + {pending:,} pending, medians of {reps}:")
+    print(f"{'change':<26} {'variant':<7} {'migrate':>9} {'longest send':>13} {'floor':>8} {'vs plain':>9}")
+    for variant in runs:
+        for step in STEPS_OF[variant]:
+            plain = median_of(runs["plain"], step, "longest_send_s") if "plain" in runs and step in STEPS else 0.0
             longest = median_of(runs[variant], step, "longest_send_s")
-            ratio = longest / plain if plain else float("nan")
+            ratio = f"{longest / plain:>8.2f}x" if plain else f"{'':>9}"
             print(
-                f"{step[5:]:<8} {variant:<7} {median_of(runs[variant], step, 'migrate_s'):>8.2f}s "
-                f"{longest * 1000:>10.0f} ms {median_of(runs[variant], step, 'floor_s') * 1000:>5.0f} ms {ratio:>8.2f}x"
+                f"{step[5:]:<26} {variant:<7} {median_of(runs[variant], step, 'migrate_s'):>8.2f}s "
+                f"{longest * 1000:>10.0f} ms {median_of(runs[variant], step, 'floor_s') * 1000:>5.0f} ms {ratio}"
             )
-    for variant in VARIANTS:
+    for variant in runs:
         failed = sum(run["failed_sends"] for run in runs[variant])
         errors = sum(run["worker_errors"] for run in runs[variant])
         print(f"{variant}: {failed} failed sends, {errors} worker error lines", flush=True)
 
 
-def measure(vendor: str, sizes: list[int], pending: int, reps: int) -> dict[str, Any]:
+def measure(vendor: str, sizes: list[int], pending: int, reps: int, variants: list[str]) -> dict[str, Any]:
     import django
 
     django.setup()
@@ -249,9 +265,9 @@ def measure(vendor: str, sizes: list[int], pending: int, reps: int) -> dict[str,
         filled = time.monotonic()
         fill(vendor, rows, status="delivered")
         print(f"{vendor}: {rows:,} delivered messages in {time.monotonic() - filled:.0f} s", flush=True)
-        runs: dict[str, list[dict[str, Any]]] = {variant: [] for variant in VARIANTS}
+        runs: dict[str, list[dict[str, Any]]] = {variant: [] for variant in variants}
         for rep in range(reps):
-            for variant in list(VARIANTS) if rep % 2 == 0 else list(reversed(VARIANTS)):
+            for variant in variants if rep % 2 == 0 else list(reversed(variants)):
                 run = run_variant(vendor, variant, pending)
                 runs[variant].append(run)
                 print(
@@ -270,19 +286,21 @@ def main() -> None:
     parser.add_argument("--rows", default="1000000,10000000")
     parser.add_argument("--pending", type=int, default=100_000)
     parser.add_argument("--reps", type=int, default=3)
+    parser.add_argument("--variants", default=",".join(VARIANTS), help="online, plain, package")
     parser.add_argument("--json", type=Path)
     args = parser.parse_args()
     vendors = args.databases.split(",")
     if len(vendors) > 1:  # one process per database: Django reads its settings once per process
         for vendor in vendors:
             command = [sys.executable, __file__, f"--databases={vendor}", f"--rows={args.rows}"]
-            command += [f"--pending={args.pending}", f"--reps={args.reps}"]
+            command += [f"--pending={args.pending}", f"--reps={args.reps}", f"--variants={args.variants}"]
             if args.json:
                 command.append(f"--json={args.json.with_suffix(f'.{vendor}.json')}")
             subprocess.run(command, check=True)
         return
     os.environ.update(env_for(vendors[0]))
-    results = measure(vendors[0], [int(r) for r in args.rows.split(",")], args.pending, args.reps)
+    variants = args.variants.split(",")
+    results = measure(vendors[0], [int(r) for r in args.rows.split(",")], args.pending, args.reps, variants)
     if args.json:
         args.json.write_text(json.dumps(results, indent=2))
 
