@@ -188,9 +188,8 @@ def test_held_by_key_is_counted_within_a_bounded_window():
     for _ in range(4):
         MessageFactory.create(key="k", available_at=ago, created_at=ago)
     due = Message.objects.filter(status=Message.Status.PENDING, available_at__lte=timezone.now())
-    behind = overview._behind_their_key(Message.objects.all())
-    assert overview._held_by_key(due, behind) == overview.Tally(4, exact=True)
-    assert overview._held_by_key(due, behind, cap=2) == overview.Tally(3, exact=False), "a lower bound past it"
+    assert overview._held_by_key(due) == overview.Tally(4, exact=True)
+    assert overview._held_by_key(due, cap=2) == overview.Tally(3, exact=False), "a lower bound past it"
 
 
 def test_the_walk_for_the_lag_stops_at_its_window_and_says_the_lag_is_then_a_bound():
@@ -203,14 +202,13 @@ def test_the_walk_for_the_lag_stops_at_its_window_and_says_the_lag_is_then_a_bou
     ]
     claimable = MessageFactory.create(available_at=now - dt.timedelta(minutes=10))
     due = Message.objects.filter(status=Message.Status.PENDING, available_at__lte=now)
-    behind = overview._behind_their_key(Message.objects.all())
-    whole = overview._due_head(due, behind)
+    whole = overview._due_head(due)
     assert whole == overview.DueHead(
         oldest=claimable.available_at, oldest_exact=True, held=overview.Tally(5, exact=True)
     )
-    bounded = overview._due_head(due, behind, cap=3)  # the window holds only held messages
+    bounded = overview._due_head(due, cap=3)  # the window holds only held messages
     assert bounded == overview.DueHead(oldest=held[3], oldest_exact=False, held=overview.Tally(4, exact=False))
-    assert overview._due_head(due, behind, cap=5).oldest == claimable.available_at, "the window reaches it"
+    assert overview._due_head(due, cap=5).oldest == claimable.available_at, "the window reaches it"
 
 
 def test_status_json_says_when_the_lag_is_a_bound(monkeypatch):
