@@ -152,6 +152,87 @@ def insert_sql(shape: tuple[bool, bool, bool, str]) -> str:
     return f"{sql} RETURNING {returning}" if returning else sql
 
 
+#: The most text one statement of a batch carries when the server's ``max_allowed_packet`` allows it:
+#: larger statements write no faster, and hold the server's parser and the driver's buffer longer.
+BATCH_BYTES = 4 * 1024 * 1024
+#: A batch smaller than this is written without asking the server's ``max_allowed_packet`` (1 MiB at least
+#: on any server with ``SKIP LOCKED``).
+_SMALL_BATCH_BYTES = 512 * 1024
+
+
+def text_bytes(*values: str | None) -> int:
+    """Bytes ``values`` take in a statement at most: escaping can double each (a JSON text's quotes)."""
+    total = 0
+    for value in values:
+        if value is not None:
+            total += 2 * (len(value) if value.isascii() else len(value.encode()))
+    return total
+
+
+def batch_chunks(conn: BaseDatabaseWrapper, sizes: list[int]) -> list[tuple[int, int]]:
+    """``sizes`` (each row's bytes) cut into ``(start, stop)`` runs that fit one statement each.
+
+    A row larger than a statement's budget goes alone: the server then refuses it as it would refuse the
+    same message from ``send()``, naming ``max_allowed_packet``.
+    """
+    budget = BATCH_BYTES
+    if sum(sizes) > _SMALL_BATCH_BYTES:
+        with conn.cursor() as cursor:
+            cursor.execute("SELECT @@max_allowed_packet")
+            budget = max(_SMALL_BATCH_BYTES, min(BATCH_BYTES, int(cursor.fetchone()[0]) // 2))
+    chunks: list[tuple[int, int]] = []
+    start = size = 0
+    for index, row in enumerate(sizes):
+        if index > start and size + row > budget:
+            chunks.append((start, index))
+            start, size = index, 0
+        size += row
+    if start < len(sizes):
+        chunks.append((start, len(sizes)))
+    return chunks
+
+
+def lock_keys(conn: BaseDatabaseWrapper, keys: list[str]) -> None:
+    """Hold the lock rows of ``keys`` (sorted by the caller) to the end of the transaction, one statement
+    per chunk: InnoDB takes a multi-row ``INSERT``'s row locks in the order of its rows, so two batches
+    sharing keys take them in one order and never wait on each other in a cycle."""
+    with conn.cursor() as cursor:
+        for start, stop in batch_chunks(conn, [text_bytes(key) + 8 for key in keys]):
+            chunk = keys[start:stop]
+            cursor.execute(
+                f"INSERT INTO {KEY_LOCK} (`key`) VALUES {', '.join(['(%s)'] * len(chunk))}"
+                " ON DUPLICATE KEY UPDATE `key` = `key`",
+                chunk,
+            )
+
+
+class IdempotencyKeyTaken(Exception):
+    """A row of a batch was refused by the unique index on ``idempotency_key``: a concurrent producer
+    committed the key after the batch looked for its holders."""
+
+
+def insert_rows(cursor: Any, rows: list[str], params: list[Any]) -> list[tuple[Any, ...]]:
+    """Write several messages in one ``INSERT ... RETURNING id, uuid`` (MariaDB), ids in the rows' order.
+
+    ``rows`` are the rows' ``VALUES`` tuples (the columns of ``insert_sql()``'s statement) and ``params``
+    every value they bind, in turn. A taken idempotency key fails the statement whole, as it should:
+    raised as ``IdempotencyKeyTaken`` for the caller to look the holders up and write the rest again.
+    """
+    sql = (
+        f"INSERT INTO {MESSAGE} (uuid, topic, `key`, payload, headers, idempotency_key, status, attempts,"
+        f" max_attempts, available_at, created_at, last_error) VALUES {', '.join(rows)} RETURNING id, uuid"
+    )
+    try:
+        cursor.execute(sql, params)
+    except IntegrityError as exc:
+        cause = exc.__cause__
+        code = cause.args[0] if cause is not None and cause.args else None
+        if code == ER_DUP_ENTRY and IDEMPOTENCY_INDEX in str(cause):
+            raise IdempotencyKeyTaken from exc
+        raise
+    return list(cursor.cursor.fetchall())  # the driver's own cursor: already in memory, nothing to translate
+
+
 def insert_row(cursor: Any, sql: str, params: list[Any], *, returning: bool) -> tuple[Any, ...] | None:
     """Write one message with ``insert_sql()``'s statement; None when its idempotency key is taken.
 
@@ -175,10 +256,25 @@ def insert_row(cursor: Any, sql: str, params: list[Any], *, returning: bool) -> 
 
 
 def stored_by_idempotency_key(conn: BaseDatabaseWrapper, key: str) -> tuple[Any, ...] | None:
+    rows = stored_by_idempotency_keys(conn, [key])
+    return rows[0] if rows else None
+
+
+def stored_by_idempotency_keys(conn: BaseDatabaseWrapper, keys: list[str]) -> list[tuple[Any, ...]]:
+    """The holders of ``keys``, as last committed: read after the unique index refused a row for one.
+
+    A locking read, because a plain one reads the transaction's snapshot: under REPEATABLE READ (the
+    server's default isolation, Django's when configured so) a holder committed after the transaction's
+    first read refuses the row yet is not in that snapshot, and the write failed as if the key kept being
+    freed. The shared lock also keeps the holder from being archived until the transaction ends.
+    """
     with conn.cursor() as cursor:
-        cursor.execute(f"SELECT {COLUMNS} FROM {MESSAGE} WHERE idempotency_key = %s", [key])
-        row: tuple[Any, ...] | None = cursor.fetchone()
-        return row
+        cursor.execute(
+            f"SELECT {COLUMNS} FROM {MESSAGE} WHERE idempotency_key IN ({', '.join(['%s'] * len(keys))})"
+            " LOCK IN SHARE MODE",
+            keys,
+        )
+        return list(cursor.fetchall())
 
 
 def claim(

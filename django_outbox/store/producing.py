@@ -18,7 +18,17 @@ from django.db import transaction
 from django.db.backends.base.base import BaseDatabaseWrapper
 
 from . import mysql
-from .db import MESSAGE, PENDING, connection, is_mysql, is_pg, mysql_server_clock, prep_dt, prep_uuid
+from .db import (
+    MESSAGE,
+    PENDING,
+    connection,
+    decision_now,
+    is_mysql,
+    is_pg,
+    mysql_server_clock,
+    prep_dt,
+    prep_uuid,
+)
 from .models import Message
 from .rows import ATTNAMES, COLUMNS, instance_builder, to_message, to_messages
 
@@ -202,6 +212,10 @@ def _insert_mysql(alias: str, conn: Any, new: NewMessage, *, batch: bool = False
 
 
 _Schedule = Literal["given", "now", "delay"]
+
+#: The latest time a ``DateTimeField`` reads back, for a delay computed here (``_write_many_mariadb``).
+_LAST_TIME = dt.datetime.max.replace(tzinfo=dt.UTC)
+_MICROSECOND = dt.timedelta(microseconds=1)
 
 #: The latest time a ``DateTimeField`` reads back into Python: a delay that the sender's clock kept within
 #: year 9999 may pass it on a server whose clock is ahead.
@@ -424,19 +438,34 @@ def _insert_many_mysql(
     check: Callable[[Message, NewMessage], Exception | None],
 ) -> list[tuple[Message, bool]]:
     """MariaDB/MySQL: the batch's keys locked first, in sorted order (two batches sharing keys never wait
-    on each other in a cycle), then one ``INSERT`` per row, all in one transaction (a savepoint in the
-    caller's), so a conflict takes the whole batch back. Not one statement, as on PostgreSQL and SQLite:
-    there a taken idempotency key fails a multi-row ``INSERT`` whole, and ``INSERT IGNORE`` would also
-    swallow every other error (docs/databases.md).
+    on each other in a cycle), then the rows, all in one transaction (a savepoint in the caller's), so a
+    conflict takes the whole batch back.
+
+    On MariaDB the rows are one ``INSERT ... RETURNING`` per statement's worth of text
+    (``_write_many_mariadb``); MySQL, which returns nothing from an ``INSERT``, writes them one by one.
     """
     # Every item is checked before the first lock or row: a batch refused for its last item must not
     # have waited for (and held) the keys of the others.
     for index, new in enumerate(news):
         _refuse_deep_json(new, f"outbox.send_many(): item {index}")
+    keys = sorted({new.key for new in news if new.key is not None})
+    if conn.features.can_return_columns_from_insert:
+        for attempt in range(_INSERT_TRIES):
+            try:
+                with transaction.atomic(using=alias):
+                    if keys:
+                        mysql.lock_keys(conn, keys)
+                    return _write_many_mariadb(alias, conn, news, check, latest=attempt > 0)
+            except mysql.IdempotencyKeyTaken:
+                continue  # taken back to the savepoint; the holders are read again, as last committed
+        raise RuntimeError(  # pragma: no cover - only if keys are taken and freed again on every try
+            f"outbox.send_many(): idempotency keys were taken and freed {_INSERT_TRIES} times while these "
+            "messages were written; send again"
+        )
     results: list[tuple[Message, bool]] = []
     with transaction.atomic(using=alias):
-        for key in sorted({new.key for new in news if new.key is not None}):
-            mysql.lock_key(conn, key)
+        if keys:
+            mysql.lock_keys(conn, keys)
         for new in news:
             message, created = _insert_mysql(alias, conn, new, batch=True)
             if not created:
@@ -445,6 +474,114 @@ def _insert_many_mysql(
                     raise error
             results.append((message, created))
     return results
+
+
+def _write_many_mariadb(
+    alias: str,
+    conn: BaseDatabaseWrapper,
+    news: Sequence[NewMessage],
+    check: Callable[[Message, NewMessage], Exception | None],
+    *,
+    latest: bool,
+) -> list[tuple[Message, bool]]:
+    """The rows of a batch whose keys are locked, in as few ``INSERT`` statements as fit the server's
+    packet, in the batch's order (ids follow it).
+
+    Items whose idempotency key is already stored are looked up first and left out: a taken key would fail
+    the whole statement. ``latest``: a concurrent producer took one since, so the lookup reads the latest
+    committed holders (``mysql.stored_by_idempotency_keys``) rather than the transaction's snapshot.
+    """
+    results: list[tuple[Message, bool] | None] = [None] * len(news)
+    idempotency = [new.idempotency_key for new in news if new.idempotency_key is not None]
+    if idempotency:
+        stored: dict[str, Message] = {}
+        key_sizes = [mysql.text_bytes(key) + 8 for key in idempotency]
+        for start, stop in mysql.batch_chunks(conn, key_sizes):
+            chunk = idempotency[start:stop]
+            if latest:
+                rows = mysql.stored_by_idempotency_keys(conn, chunk)
+            else:
+                with conn.cursor() as cursor:
+                    cursor.execute(
+                        f"SELECT {mysql.COLUMNS} FROM {MESSAGE}"
+                        f" WHERE idempotency_key IN ({', '.join(['%s'] * len(chunk))})",
+                        chunk,
+                    )
+                    rows = list(cursor.fetchall())
+            stored.update((m.idempotency_key, m) for m in to_messages(alias, conn, rows) if m.idempotency_key)
+        for place, new in enumerate(news):
+            holder = stored.get(new.idempotency_key) if new.idempotency_key is not None else None
+            if holder is not None:
+                error = check(holder, new)
+                if error is not None:
+                    raise error
+                results[place] = (holder, False)
+    places = [place for place, result in enumerate(results) if result is None]
+    if not places:
+        return results  # type: ignore[return-value]  # every item is held by its key's message
+    # One reading of the server's clock for the batch (its UTC, as send() writes it), or the sender's
+    # times: every row's times are then known here, so only ids come back, and a row writes into its text
+    # what the batch shares (the creation time) or what it lacks (key, headers, idempotency key).
+    server_clock = mysql_server_clock(conn)
+    now = decision_now(conn) if server_clock else None
+    now_text = f"'{prep_dt(conn, now)}'" if now is not None else ""
+    values: list[str] = []
+    params: list[Any] = []
+    widths = [0]
+    sizes: list[int] = []
+    times: list[tuple[dt.datetime, dt.datetime]] = []
+    for place in places:
+        new = news[place]
+        params += (new.uuid.hex, new.topic)
+        row = f"(%s, %s, {'NULL' if new.key is None else '%s'}, %s"
+        if new.key is not None:
+            params.append(new.key)
+        params.append(new.payload_json)
+        if new.headers_json == "{}":
+            row += ", '{}'"
+        else:
+            row += ", %s"
+            params.append(new.headers_json)
+        if new.idempotency_key is None:
+            row += ", NULL"
+        else:
+            row += ", %s"
+            params.append(new.idempotency_key)
+        row += f", '{PENDING}', 0, {int(new.max_attempts)}"
+        if now is None:
+            row += ", %s, %s, '')"
+            params += (prep_dt(conn, new.available_at), prep_dt(conn, new.created_at))
+            times.append((_as_read(new.created_at), _as_read(new.available_at)))
+        else:
+            if new.delay_seconds is None:
+                available_at = new.available_at
+            else:
+                delay = min(mysql.interval(max(new.delay_seconds, 0.0)), (_LAST_TIME - now) // _MICROSECOND)
+                available_at = now + dt.timedelta(microseconds=delay)
+            if available_at == now:
+                row += f", {now_text}, {now_text}, '')"
+            else:
+                row += f", %s, {now_text}, '')"
+                params.append(prep_dt(conn, available_at))
+            times.append((now, available_at))
+        values.append(row)
+        widths.append(len(params))
+        sizes.append(
+            mysql.text_bytes(new.topic, new.key, new.payload_json, new.headers_json, new.idempotency_key) + 200
+        )
+    build = instance_builder(alias)
+    with conn.cursor() as cursor:
+        for start, stop in mysql.batch_chunks(conn, sizes):
+            written = mysql.insert_rows(cursor, values[start:stop], params[widths[start] : widths[stop]])
+            if len(written) != stop - start:  # pragma: no cover - only if the server lost rows of its RETURNING
+                raise RuntimeError(f"outbox.send_many(): {stop - start} rows sent, {len(written)} written")
+            for index, (row_id, row_uuid) in enumerate(written, start):
+                place = places[index]
+                new = news[place]
+                if str(row_uuid).replace("-", "") != new.uuid.hex:  # pragma: no cover - RETURNING out of order
+                    raise RuntimeError("outbox.send_many(): the rows came back out of the batch's order")
+                results[place] = (_new_message(alias, int(row_id), new, build, times[index]), True)
+    return results  # type: ignore[return-value]  # every place is written or held by its key's message
 
 
 def _as_uuid(value: Any) -> uuid_module.UUID:

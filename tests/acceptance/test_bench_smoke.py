@@ -171,3 +171,23 @@ def test_topology_smoke_run_measures_every_topology(bench_dsn, tmp_path):
             assert d["per_s"] > 0
     for row in ("direct connections", "transaction pooling, no LISTEN_DATABASE", "PREPARED_STATEMENTS = False"):
         assert row in run.stdout
+
+
+def test_send_many_scale_measures_both_databases_beside_their_reference(bench_dsn, bench_mariadb_dsn, tmp_path):
+    output = tmp_path / "send-many.json"
+    sizes = ["--items", "30", "--keyed-items", "30", "--reps", "1"]
+    run = subprocess.run(
+        [sys.executable, "bench/send_many_scale.py", *sizes, "--output", str(output)],
+        cwd=ROOT,
+        env={**os.environ, "DATABASE_URL": bench_dsn, "MARIADB_URL": bench_mariadb_dsn},
+        capture_output=True,
+        text=True,
+        timeout=240,
+    )
+    assert run.returncode == 0, run.stdout[-3000:] + run.stderr[-3000:]
+    figure = json.loads(output.read_text())
+    for database in ("postgresql", "mariadb"):
+        (rep,) = figure[database]["reps"]
+        assert set(rep) == {"unkeyed", "idempotent", "keyed", "reference"} and min(rep.values()) > 0
+    assert set(figure["mariadb_vs_postgresql"]) == {"unkeyed", "idempotent", "keyed", "reference"}
+    assert "| keyed |" in run.stdout

@@ -193,7 +193,7 @@ def test_a_send_racing_the_archiving_of_its_keys_first_message_writes_the_new_on
     raced: list[str] = []
 
     def archive_first_in_between(execute, sql, params, many, context):
-        if "WHERE idempotency_key = " in sql and not raced:
+        if ("WHERE idempotency_key = " in sql or "WHERE idempotency_key IN (" in sql) and not raced:
             raced.append(sql)
             _delete_elsewhere(first.pk)
         return execute(sql, params, many, context)

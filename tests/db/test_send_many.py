@@ -9,6 +9,7 @@ import math
 import random
 import sqlite3
 import threading
+import uuid
 from collections.abc import Callable, Iterator
 from typing import Any
 
@@ -29,7 +30,7 @@ from django_outbox.models import Message
 from django_outbox.retention import housekeeping
 from django_outbox.testing import relay_all
 from testproject.shop.models import Order
-from tests.support.database import connect_raw
+from tests.support.database import connect_raw, connect_raw_mysql
 from tests.support.threads import in_thread
 from tests.support.waiting import wait_for
 
@@ -49,8 +50,7 @@ def test_one_insert_writes_every_message_in_order_and_returns_them_as_stored():
     with CaptureQueriesContext(connection) as queries, transaction.atomic():
         Order.objects.create(customer_email="a@example.com", item="mug")
         sent = outbox.send_many(items)
-    # MariaDB/MySQL write row by row in one transaction (store.producing._insert_many_mysql)
-    assert len(inserts(queries)) == (100 if connection.vendor == "mysql" else 1)
+    assert len(inserts(queries)) == 1
     assert [m.payload for m in sent] == [{"n": n} for n in range(100)]
     assert [m.id for m in sent] == sorted(m.id for m in sent), "ids in the batch's order"
     stored = {m.id: m for m in Message.objects.all()}
@@ -475,7 +475,7 @@ def _waiting_sessions() -> int:
         return int(cursor.fetchone()[0])
 
 
-def test_batches_with_overlapping_keys_in_any_order_never_deadlock(postgres: None):
+def test_batches_with_overlapping_keys_in_any_order_never_deadlock(server_database: None):
     keys = [f"key-{n}" for n in range(12)]
     errors: list[BaseException] = []
 
@@ -705,3 +705,140 @@ def test_a_keyed_send_waits_while_a_batch_of_many_keys_is_open(postgres, handler
     other.join(30)
     ids = list(Message.objects.filter(key="k-0").order_by("id").values_list("payload", flat=True))
     assert ids == [{"n": 0}, {"n": -1}]
+
+
+@pytest.mark.parametrize("many", [False, True], ids=["send", "send_many"])
+def test_a_holder_committed_after_the_transactions_snapshot_is_found(mysql: None, many: bool):
+    """Under REPEATABLE READ (MariaDB's own default, which a project gets with ``"isolation_level":
+    "repeatable read"``) a transaction reads its first snapshot to its end: a message another producer
+    committed with the same idempotency key after that snapshot refuses the row, and a plain ``SELECT``
+    for its holder, in the same snapshot, finds nothing. The lookup reads the latest committed row instead
+    (a locking read), so the call returns the stored message rather than failing."""
+    other = connect_raw_mysql()
+    with connection.cursor() as cursor:
+        cursor.execute("SET SESSION TRANSACTION ISOLATION LEVEL REPEATABLE READ")
+    try:
+        with transaction.atomic():
+            Order.objects.create(customer_email="a@example.com", item="mug")
+            assert Message.objects.count() == 0  # the transaction's snapshot, taken before the other commits
+            cursor = other.cursor()
+            cursor.execute(
+                "INSERT INTO django_outbox_message (uuid, topic, `key`, payload, headers, idempotency_key, status,"
+                " attempts, max_attempts, available_at, created_at, last_error) VALUES (%s, 'probe.created',"
+                " NULL, '{\"n\": 1}', '{}', 'idem-1', 'pending', 0, 5, UTC_TIMESTAMP(6), UTC_TIMESTAMP(6), '')",
+                [uuid.uuid4().hex],
+            )
+            other.commit()
+            item: dict[str, Any] = {"topic": "probe.created", "payload": {"n": 1}, "idempotency_key": "idem-1"}
+            if many:
+                sent = outbox.send_many([item, {"topic": "probe.created", "payload": {"n": 2}}])
+                assert [m.payload for m in sent] == [{"n": 1}, {"n": 2}]
+                message = sent[0]
+            else:
+                message = outbox.send(**item)
+        stored = Message.objects.get(idempotency_key="idem-1")
+        assert message.id == stored.id
+        assert Message.objects.count() == (2 if many else 1)
+    finally:
+        other.close()
+        connection.close()  # the next test's connection gets the configured isolation again
+
+
+# --- MariaDB: a batch in as few statements as fit the server's packet -------------------------------------
+
+
+@pytest.fixture
+def small_mariadb_statement(mysql: None, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The text one statement may carry, lowered from 4 MiB so a batch of 7 needs several."""
+    from django_outbox.store import mysql as mariadb
+
+    monkeypatch.setattr(mariadb, "BATCH_BYTES", 2 * (2 * 200 + 300))
+    monkeypatch.setattr(mariadb, "_SMALL_BATCH_BYTES", 0)
+
+
+def test_mariadb_writes_a_batch_in_one_statement_and_its_keys_locks_in_one():
+    """Row by row, 10,000 items took 3.4 s on MariaDB against 0.34 s on PostgreSQL."""
+    if connection.vendor != "mysql" or not connection.features.can_return_columns_from_insert:
+        pytest.skip("MariaDB's INSERT ... RETURNING")
+    items = [{"topic": "probe.created", "payload": {"n": n}, "key": f"k{n % 7}"} for n in range(500)]
+    with CaptureQueriesContext(connection) as queries, transaction.atomic():
+        sent = outbox.send_many(items)
+    assert len(inserts(queries)) == 1
+    assert len([q for q in queries.captured_queries if "django_outbox_key_lock" in q["sql"]]) == 1
+    assert [m.payload for m in sent] == [{"n": n} for n in range(500)]
+
+
+def test_mariadb_writes_a_batch_larger_than_one_statement_in_several(small_mariadb_statement: None):
+    items = [{"topic": "probe.created", "payload": {"n": n, "pad": "x" * 200}, "key": "K"} for n in range(7)]
+    with CaptureQueriesContext(connection) as queries:
+        sent = outbox.send_many(items)
+    assert len(inserts(queries)) == 4
+    assert [m.payload["n"] for m in sent] == list(range(7))
+    stored = Message.objects.order_by("id")
+    assert [m.payload["n"] for m in stored] == list(range(7)), "ids in the batch's order across statements"
+    assert [m.uuid for m in stored] == [m.uuid for m in sent]
+    assert [m.id for m in stored] == [m.id for m in sent]
+
+
+def test_mariadb_a_key_taken_by_another_producer_mid_batch_takes_the_batch_back(small_mariadb_statement: None):
+    """Another producer commits an idempotency key of the batch, with other content, after the batch looked
+    for its holders and before the statement that carries it: the statement fails on the unique index,
+    the batch looks again (as last committed), finds the conflict and raises, and nothing of the batch
+    stays, the statements before that one included (autocommit)."""
+    other = connect_raw_mysql()
+    items: list[dict[str, Any]] = [{"topic": "probe.created", "payload": {"n": n, "pad": "x" * 200}} for n in range(6)]
+    items.append({"topic": "probe.created", "payload": {"n": 2}, "idempotency_key": "late"})  # the last statement
+    raced: list[str] = []
+
+    def commit_elsewhere_before_the_last_insert(execute, sql, params, many, context):
+        if "INSERT INTO django_outbox_message" in sql and "late" in params and not raced:
+            raced.append(sql)
+            cursor = other.cursor()
+            cursor.execute(
+                "INSERT INTO django_outbox_message (uuid, topic, `key`, payload, headers, idempotency_key, status,"
+                " attempts, max_attempts, available_at, created_at, last_error) VALUES (%s, 'probe.created',"
+                " NULL, '{\"n\": 9}', '{}', 'late', 'pending', 0, 5, UTC_TIMESTAMP(6), UTC_TIMESTAMP(6), '')",
+                [uuid.uuid4().hex],
+            )
+            other.commit()
+        return execute(sql, params, many, context)
+
+    try:
+        with connection.execute_wrapper(commit_elsewhere_before_the_last_insert):
+            with pytest.raises(IdempotencyConflictError):
+                outbox.send_many(items)
+    finally:
+        other.close()
+    assert raced, "the interleaving was forced"
+    assert list(Message.objects.values_list("payload", flat=True)) == [{"n": 9}], "the batch was taken back"
+
+
+def test_mariadb_a_key_taken_mid_batch_with_the_same_content_returns_its_holder(small_mariadb_statement: None):
+    other = connect_raw_mysql()
+    items: list[dict[str, Any]] = [{"topic": "probe.created", "payload": {"n": n, "pad": "x" * 200}} for n in range(6)]
+    items.append({"topic": "probe.created", "payload": {"n": 2}, "idempotency_key": "late"})
+    raced: list[int] = []
+
+    def commit_elsewhere_before_the_last_insert(execute, sql, params, many, context):
+        if "INSERT INTO django_outbox_message" in sql and "late" in params and not raced:
+            cursor = other.cursor()
+            cursor.execute(
+                "INSERT INTO django_outbox_message (uuid, topic, `key`, payload, headers, idempotency_key, status,"
+                " attempts, max_attempts, available_at, created_at, last_error) VALUES (%s, 'probe.created',"
+                " NULL, '{\"n\": 2}', '{}', 'late', 'pending', 0, 5, UTC_TIMESTAMP(6), UTC_TIMESTAMP(6), '')",
+                [uuid.uuid4().hex],
+            )
+            raced.append(cursor.lastrowid)
+            other.commit()
+        return execute(sql, params, many, context)
+
+    try:
+        with connection.execute_wrapper(commit_elsewhere_before_the_last_insert):
+            sent = outbox.send_many(items)
+    finally:
+        other.close()
+    assert raced, "the interleaving was forced"
+    assert sent[-1].id == raced[0]
+    assert [m.payload["n"] for m in sent[:-1]] == list(range(6))
+    assert Message.objects.count() == 7
+    assert [m.id for m in sent[:-1]] == sorted(m.id for m in sent[:-1])
