@@ -96,14 +96,6 @@ def server_database() -> None:
 
 
 @pytest.fixture
-def key_runs() -> None:
-    """For tests of a claim that takes a key's consecutive messages: PostgreSQL and SQLite; MariaDB/MySQL
-    still claim one message per key (docs/ordering.md)."""
-    if connection.vendor == "mysql":
-        pytest.skip("a claim on MariaDB/MySQL takes one message per key")
-
-
-@pytest.fixture
 def mysql() -> None:
     """For tests of MariaDB/MySQL-only behaviour (skipped on the other databases)."""
     if connection.vendor != "mysql":

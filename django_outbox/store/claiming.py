@@ -368,6 +368,22 @@ def _claim_once(
     topics: Sequence[str] | None,
     ids: Sequence[int] | None = None,
 ) -> list[Message]:
+    if is_mysql(conn) and ids is None:  # keys in runs, read first, then locked in one short transaction
+        from ..conf import get_settings
+
+        return mysql.claim_runs(
+            alias,
+            conn,
+            worker=worker,
+            limit=limit,
+            lease_seconds=lease_seconds,
+            topics=topics,
+            blocking=blocking_statuses(),
+            attempts_max=ATTEMPTS_MAX,
+            cap=max(1, min(int(get_settings().KEY_BATCH_SIZE), int(limit))),
+            after_key=key_cursor(worker),
+            bound=keys_per_claim(limit),
+        )
     if is_mysql(conn):  # two statements in one short transaction (store.mysql)
         topic_sql, topic_params = _mysql_filter(topics, ids)
         return mysql.claim(

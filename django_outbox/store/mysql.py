@@ -300,10 +300,7 @@ def claim(
     else:  # the host's clock, as on SQLite
         host_now = timezone.now()
         now, now_params, clock = "%s", [prep_dt(conn, host_now)], ""
-    head = (
-        f"NOT EXISTS (SELECT 1 FROM {MESSAGE} AS b WHERE b.key = c.key AND b.id < c.id"
-        f" AND b.status IN ({', '.join(map(literal, blocking))}))"
-    )
+    head = f"NOT {_open_before('c', blocking)}"
     select = (
         f"SELECT {', '.join('c.' + c for c in COLUMN_NAMES)}{clock} FROM {MESSAGE} AS c"
         f" FORCE INDEX ({CLAIM_INDEX}) WHERE c.status = {literal(PENDING)} AND c.available_at <= {now}{topic_sql}"
@@ -339,6 +336,156 @@ def claim(
     return to_messages(alias, conn, rows)
 
 
+def _open_before(outer: str, blocking: tuple[str, ...]) -> str:
+    """An earlier open message of ``outer``'s key, read off the open keys' index (not the key's history)."""
+    return (
+        f"EXISTS (SELECT 1 FROM {MESSAGE} AS b FORCE INDEX ({OPEN_KEY_INDEX}) WHERE b.{OPEN_KEY_COLUMN} = {outer}.key"
+        f" AND b.id < {outer}.id AND b.status IN ({', '.join(map(literal, blocking))}))"
+    )
+
+
+def _keys_sql(bound: int) -> str:
+    """The open keys after the worker's cursor, then from the first up to it (the walk wraps round), at
+    most ``bound`` of each: a loose index scan of the open keys' index (``GROUP BY`` on it jumps from one
+    key to the next, one probe per key whatever its backlog), the claim's ``keys`` on PostgreSQL and
+    SQLite. A recursive probe of the next key, as there, read the index's NULL entries (every finished
+    message's) from the start on each step."""
+    col, bound = OPEN_KEY_COLUMN, int(bound)
+    return (
+        f"(SELECT {col} FROM {MESSAGE} WHERE {col} > %s GROUP BY {col} ORDER BY {col} LIMIT {bound})"
+        f" UNION ALL (SELECT {col} FROM {MESSAGE} WHERE {col} IS NOT NULL AND {col} <= %s"
+        f" GROUP BY {col} ORDER BY {col} LIMIT {bound})"
+    )
+
+
+def claim_runs(
+    alias: str,
+    conn: BaseDatabaseWrapper,
+    *,
+    worker: str,
+    limit: int,
+    lease_seconds: float,
+    topics: Any,
+    blocking: tuple[str, ...],
+    attempts_max: int,
+    cap: int,
+    after_key: str,
+    bound: int,
+) -> list[Message]:
+    """The claim of any due message with keys in runs: the claim of PostgreSQL and SQLite in statements
+    MariaDB takes (no ``UPDATE ... RETURNING``, no ``LATERAL``, no ``LIMIT`` in an ``IN`` subquery).
+
+    Read without locks, in autocommit: the open keys (``_keys_sql``); then, in one statement, each key's
+    first ``cap`` open messages off the open keys' index, the unkeyed due messages in id order and, when
+    the keys outnumber a batch, the heads of the others found by the walk of the pending rows, as the claim
+    without runs does. A key's run is its messages from its head while they are pending, due and of the
+    worker's topics. The oldest ``limit`` candidates are then locked by primary key (``SKIP LOCKED``, the
+    due test asked again of the row as last committed), a key's messages kept only as far as each one before
+    them was locked, leased, and committed: one short transaction, and no two workers hold parts of a
+    key's run.
+    """
+    from .db import topic_filter
+
+    server_clock = mysql_server_clock(conn)
+    if server_clock:
+        now, now_params, clock = MYSQL_NOW, [], f", {MYSQL_NOW}"
+    else:  # the host's clock, as on SQLite
+        host_now = timezone.now()
+        now, now_params, clock = "%s", [prep_dt(conn, host_now)], ""
+    with conn.cursor() as cursor:
+        cursor.execute(_keys_sql(bound), [after_key, after_key])
+        keys = [str(row[0]) for row in cursor.fetchall()][:bound]
+        candidates: dict[int, str | None] = {}  # id: key (None: unkeyed)
+        if keys:
+            b_topics, b_params = topic_filter(topics, column="b.topic", escape=LIKE_ESCAPE)
+            statuses = ", ".join(map(literal, blocking))
+            run = (
+                f"(SELECT b.id, b.{OPEN_KEY_COLUMN}, b.status = {literal(PENDING)} AND b.available_at <= {now}"
+                f"{b_topics} FROM {MESSAGE} AS b FORCE INDEX ({OPEN_KEY_INDEX}) WHERE b.{OPEN_KEY_COLUMN} = %s"
+                f" AND b.status IN ({statuses}) ORDER BY b.id LIMIT {int(cap)})"
+            )
+            cursor.execute(
+                " UNION ALL ".join([run] * len(keys)),
+                [value for key in keys for value in (*now_params, *b_params, key)],
+            )
+            # A key's run: its open messages from its head, kept while each can be claimed.
+            stopped: set[str] = set()
+            for message_id, row_key, ok in cursor.fetchall():
+                if row_key in stopped:
+                    continue
+                if ok:
+                    candidates[int(message_id)] = str(row_key)
+                else:
+                    stopped.add(str(row_key))
+        # Unkeyed messages (and, when the keys outnumber what the scan visits, the oldest keys' heads) older
+        # than the batch the runs would fill: the walk of the pending rows stops there, not at the end of a
+        # keyed backlog it would otherwise pass through row by row.
+        c_topics, c_params = topic_filter(topics, column="c.topic", escape=LIKE_ESCAPE)
+        due = f"c.status = {literal(PENDING)} AND c.available_at <= {now}{c_topics}"
+        older: list[Any] = []
+        if len(candidates) >= limit:
+            due += " AND c.id < %s"
+            older.append(sorted(candidates)[int(limit) - 1])
+        parts = [
+            f"(SELECT c.id, NULL FROM {MESSAGE} AS c FORCE INDEX ({CLAIM_INDEX}) WHERE {due} AND c.key IS NULL"
+            f" ORDER BY c.id LIMIT {int(limit)})"
+        ]
+        params = [*now_params, *c_params, *older]
+        if len(keys) >= bound:
+            parts.append(
+                f"(SELECT c.id, c.key FROM {MESSAGE} AS c FORCE INDEX ({CLAIM_INDEX}) WHERE {due}"
+                f" AND c.key IS NOT NULL AND NOT {_open_before('c', blocking)} ORDER BY c.id LIMIT {int(limit)})"
+            )
+            params += [*now_params, *c_params, *older]
+        cursor.execute(" UNION ALL ".join(parts), params)
+        for message_id, row_key in cursor.fetchall():
+            candidates.setdefault(int(message_id), None if row_key is None else str(row_key))
+    picked = sorted(candidates)[: int(limit)]
+    if not picked:
+        return []
+    status_at = COLUMN_NAMES.index("status")
+    attempts_at = COLUMN_NAMES.index("attempts")
+    locked_by_at = COLUMN_NAMES.index("locked_by")
+    locked_until_at = COLUMN_NAMES.index("locked_until")
+    with transaction.atomic(using=alias), conn.cursor() as cursor:
+        cursor.execute(
+            f"SELECT {', '.join('c.' + c for c in COLUMN_NAMES)}{clock} FROM {MESSAGE} AS c"
+            f" WHERE c.id IN ({', '.join(['%s'] * len(picked))}) AND c.status = {literal(PENDING)}"
+            f" AND c.available_at <= {now} FOR UPDATE SKIP LOCKED",
+            [*picked, *now_params],
+        )
+        locked = {int(r[0]): list(r) for r in cursor.fetchall()}
+        kept: list[list[Any]] = []
+        broken: set[str] = set()
+        for message_id in picked:  # in id order: a key's messages after one not locked are not kept
+            key = candidates[message_id]
+            row = locked.get(message_id)
+            if key is not None and (key in broken or row is None):
+                broken.add(key)
+                continue
+            if row is not None:
+                kept.append(row)
+        if not kept:
+            return []
+        lease = dt.timedelta(seconds=lease_seconds)
+        until = kept[0][-1] + lease if server_clock else _as_stored(conn, host_now + lease)
+        ids = [r[0] for r in kept]
+        cursor.execute(
+            f"UPDATE {MESSAGE} SET status = {literal(PROCESSING)}, locked_by = %s, locked_until = %s,"
+            f" attempts = CASE WHEN attempts < {attempts_max} THEN attempts + 1 ELSE attempts END"
+            f" WHERE id IN ({', '.join(['%s'] * len(ids))})",
+            [worker, until, *ids],
+        )
+    for r in kept:
+        if server_clock:
+            del r[-1]
+        r[status_at] = PROCESSING
+        r[attempts_at] = r[attempts_at] + 1 if r[attempts_at] < attempts_max else r[attempts_at]
+        r[locked_by_at] = worker
+        r[locked_until_at] = until
+    return to_messages(alias, conn, kept)
+
+
 def due_head_exists(conn: BaseDatabaseWrapper, topics: Any, blocking: tuple[str, ...]) -> bool:
     """A due pending message at the head of its key (or keyless), read without locking."""
     from .db import topic_filter
@@ -348,8 +495,7 @@ def due_head_exists(conn: BaseDatabaseWrapper, topics: Any, blocking: tuple[str,
     with conn.cursor() as cursor:
         cursor.execute(
             f"SELECT 1 FROM {MESSAGE} AS c WHERE c.status = {literal(PENDING)} AND c.available_at <= {now}{topic_sql}"
-            f" AND (c.key IS NULL OR NOT EXISTS (SELECT 1 FROM {MESSAGE} AS b WHERE b.key = c.key AND b.id < c.id"
-            f" AND b.status IN ({', '.join(map(literal, blocking))}))) LIMIT 1",
+            f" AND (c.key IS NULL OR NOT {_open_before('c', blocking)}) LIMIT 1",
             [*now_params, *topic_params],
         )
         return cursor.fetchone() is not None
@@ -448,6 +594,24 @@ def server_facts(conn: BaseDatabaseWrapper) -> dict[str, Any]:
         "indexes": indexes,
         "key_lock": key_lock,
     }
+
+
+#: The virtual column that holds a message's key while the message is open (``OPEN_STATUSES``), NULL
+#: otherwise, and its index (migration ``0003_mysql_open_key_index``): what ``outbox_msg_key_open_idx``, a
+#: partial index, is on PostgreSQL and SQLite. Unkeyed and finished messages are NULL in it.
+OPEN_KEY_COLUMN = "open_key"
+OPEN_KEY_INDEX = "outbox_msg_open_key_idx"
+
+
+def open_key_column_sql(conn: BaseDatabaseWrapper) -> str:
+    """The column's definition: the key's type and bytewise collation (the initial migration's), computed,
+    never stored."""
+    collation = "utf8mb4_nopad_bin" if conn.mysql_is_mariadb else "utf8mb4_0900_bin"  # type: ignore[attr-defined]
+    statuses = ", ".join(map(literal, OPEN_STATUSES))
+    return (
+        f"{OPEN_KEY_COLUMN} varchar(200) CHARACTER SET utf8mb4 COLLATE {collation}"
+        f" AS (IF(status IN ({statuses}), `key`, NULL)) VIRTUAL"
+    )
 
 
 #: The statuses that keep a key's lock row (``outbox_msg_key_open_idx``'s): a message still to deliver,

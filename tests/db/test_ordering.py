@@ -58,7 +58,7 @@ def claim(limit: int = 100) -> list[Message]:
     return store.claim("default", worker="test-worker", limit=limit, lease_seconds=60)
 
 
-def test_a_claim_takes_each_keys_consecutive_messages_and_every_keyless_message(key_runs, log):
+def test_a_claim_takes_each_keys_consecutive_messages_and_every_keyless_message(log):
     a1 = outbox.send("ord.x", {"n": 1}, key="A")
     a2 = outbox.send("ord.x", {"n": 2}, key="A")
     b1 = outbox.send("ord.x", {"n": 1}, key="B")
@@ -75,7 +75,7 @@ def test_a_claim_takes_each_keys_consecutive_messages_and_every_keyless_message(
 
 
 @override_settings(OUTBOX={"KEY_BATCH_SIZE": 2, "MAX_ATTEMPTS": 5})
-def test_key_batch_size_caps_a_keys_run_in_one_claim(key_runs, log):
+def test_key_batch_size_caps_a_keys_run_in_one_claim(log):
     sent = [outbox.send("ord.x", {"n": n}, key="A") for n in range(5)]
     other = outbox.send("ord.x", {"n": 0}, key="B")
     assert [m.id for m in claim()] == [sent[0].id, sent[1].id, other.id]

@@ -36,7 +36,8 @@ VENDOR_SHAPED: dict[str, set[tuple[str, ...]]] = {
         ("django_outbox_archived_message",),
         ("django_outbox_archived_attempt",),
         ("django_outbox_key_lock",),
-        *(("django_outbox_message", "columns", column) for column in ("topic", "key", "idempotency_key")),
+        *(("django_outbox_message", "columns", column) for column in ("topic", "key", "idempotency_key", "open_key")),
+        ("django_outbox_message", "types", "open_key"),
         ("django_outbox_inboxmessage", "columns", "source"),
         ("django_outbox_inboxmessage", "columns", "message_id"),
         ("django_outbox_idempotencyrecord", "columns", "scope"),
@@ -49,6 +50,7 @@ VENDOR_SHAPED: dict[str, set[tuple[str, ...]]] = {
                 "outbox_msg_pending_idx",
                 "outbox_msg_key_open_idx",
                 "outbox_msg_unkeyed_idx",
+                "outbox_msg_open_key_idx",
             )
         ),
     },
