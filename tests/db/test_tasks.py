@@ -547,3 +547,87 @@ def test_building_a_backend_again_keeps_the_routing_caches(monkeypatch):
     monkeypatch.setattr(routing, "_clear_caches", lambda: cleared.append(True))
     OutboxBackend("another", {})
     assert cleared == []  # the handler was registered once, at startup
+
+
+# --- a result read while housekeeping moves or deletes its message --------------------------------
+
+
+def _housekeeping_after_the_first_read(table: str, now: dt.datetime) -> Any:
+    """A query wrapper that runs housekeeping, on a connection of its own, right after the caller's first
+    query of ``table`` returned: the interleaving of a result read racing housekeeping, made certain."""
+    import threading
+
+    from django.db import connections
+
+    state = {"ran": False}
+
+    def wrapper(execute: Any, sql: str, params: Any, many: bool, context: Any) -> Any:
+        result = execute(sql, params, many, context)
+        if not state["ran"] and table in sql:
+            state["ran"] = True
+
+            def other() -> None:
+                try:
+                    housekeeping.run("default", now=now)
+                finally:
+                    connections.close_all()
+
+            thread = threading.Thread(target=other)
+            thread.start()
+            thread.join(60)
+        return result
+
+    return wrapper, state
+
+
+@pytest.mark.django_db(transaction=True)
+@pytest.mark.usefixtures("empty_archive")
+def test_a_result_read_while_housekeeping_archives_its_message_is_whole():
+    """The message is read from the hot table, then housekeeping moves it and its attempts to the archive,
+    then the attempts are read: from the hot table they are gone. The result must still have them."""
+    retrying = t.fail_until.using(backend="retrying")
+    result = retrying.enqueue(2)
+    run_all()
+    live = retrying.get_result(result.id)
+    assert len(live.worker_ids) == 2 and live.started_at is not None
+    wrapper, state = _housekeeping_after_the_first_read(Message._meta.db_table, timezone.now() + dt.timedelta(days=1))
+    with connection.execute_wrapper(wrapper):
+        read = retrying.get_result(result.id)
+    assert state["ran"] and ArchivedMessage.objects.filter(uuid=result.id).exists()
+    assert not Message.objects.filter(uuid=result.id).exists()
+    assert (read.status, read.return_value) == (TaskResultStatus.SUCCESSFUL, 2)
+    assert read.worker_ids == live.worker_ids
+    assert (read.started_at, read.last_attempted_at) == (live.started_at, live.last_attempted_at)
+
+
+@pytest.mark.django_db(transaction=True)
+@pytest.mark.usefixtures("empty_archive")
+def test_a_result_read_while_housekeeping_deletes_its_message_does_not_exist(settings):
+    """Retention deletes the message (mode "delete") between the read of the message and that of its
+    attempts: the result is gone, not a successful task that never ran anywhere."""
+    retrying = t.fail_until.using(backend="retrying")
+    result = retrying.enqueue(2)
+    run_all()
+    wrapper, state = _housekeeping_after_the_first_read(Message._meta.db_table, timezone.now() + dt.timedelta(days=30))
+    settings.OUTBOX = {**settings.OUTBOX, "RETENTION_MODE": "delete"}
+    with connection.execute_wrapper(wrapper), pytest.raises(TaskResultDoesNotExist):
+        retrying.get_result(result.id)
+    assert state["ran"] and not Message.objects.filter(uuid=result.id).exists()
+
+
+@pytest.mark.django_db(transaction=True)
+@pytest.mark.usefixtures("empty_archive")
+def test_a_result_read_while_retention_prunes_its_archive_does_not_exist():
+    """The archived message is read, then retention drops it and its attempts from the archive, then the
+    attempts are read: the result is gone, not a successful task without a single attempt."""
+    retrying = t.fail_until.using(backend="retrying")
+    result = retrying.enqueue(2)
+    run_all()
+    housekeeping.run("default", now=timezone.now() + dt.timedelta(days=1))
+    assert ArchivedMessage.objects.filter(uuid=result.id).exists()
+    wrapper, state = _housekeeping_after_the_first_read(
+        ArchivedMessage._meta.db_table, timezone.now() + dt.timedelta(days=60)
+    )
+    with connection.execute_wrapper(wrapper), pytest.raises(TaskResultDoesNotExist):
+        retrying.get_result(result.id)
+    assert state["ran"] and not ArchivedMessage.objects.filter(uuid=result.id).exists()
