@@ -631,3 +631,55 @@ def test_a_result_read_while_retention_prunes_its_archive_does_not_exist():
     with connection.execute_wrapper(wrapper), pytest.raises(TaskResultDoesNotExist):
         retrying.get_result(result.id)
     assert state["ran"] and not ArchivedMessage.objects.filter(uuid=result.id).exists()
+
+
+# --- a task that no longer imports, or exits ------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    ("path", "reason"),
+    [
+        ("tests.probe.broken.raises_at_import.job", "broken at import"),
+        ("tests.probe.broken.exits_at_import.job", "called sys.exit() at import"),
+        ("tests.probe.gone_module.job", "No module named 'tests.probe.gone_module'"),
+    ],
+    ids=["raises", "exits", "gone"],
+)
+def test_a_task_whose_module_no_longer_imports_fails_with_the_reason_and_its_result_says_so(signals, path, reason):
+    """A deploy between enqueue and run broke or removed the task's module. The attempt fails with the
+    reason (the worker goes on), the error is in the result's errors, and reading the result raises a
+    ``ValueError`` naming the task: never the module's own exception (a ``SystemExit`` out of a web view
+    ends the process serving it)."""
+    result = t.add.enqueue(1, 2)
+    message = Message.objects.get()
+    message.payload = {**message.payload, "task": path}
+    message.save(update_fields=["payload"])
+    run_all()
+    message.refresh_from_db()
+    assert (message.status, message.attempts) == ("dead", 1)
+    assert reason in message.last_error and path in message.last_error
+    (attempt,) = Attempt.objects.filter(message=message)
+    assert attempt.outcome == Attempt.Outcome.FAILED and reason in attempt.error
+    (error,) = message.payload["errors"]
+    assert error["exception_class_path"] == "builtins.ValueError" and reason in error["traceback"]
+    with pytest.raises(ValueError, match=f"task '{path}' cannot be imported"):
+        task_backends["default"].get_result(result.id)
+    assert [name for name, _ in signals] == ["enqueued"]  # never started, so never finished
+
+
+def test_a_task_that_calls_sys_exit_is_failed_with_its_error_and_finished(signals):
+    result = t.exits.enqueue()
+    run_all()
+    message = Message.objects.get()
+    assert (message.status, message.attempts) == ("dead", 1)
+    assert "a task called sys.exit()" in message.last_error
+    read = t.exits.get_result(result.id)
+    assert read.status == TaskResultStatus.FAILED
+    (error,) = read.errors
+    assert error.exception_class_path == "builtins.SystemExit"
+    assert "a task called sys.exit()" in error.traceback
+    assert [(name, status) for name, (_, _, status) in signals] == [
+        ("enqueued", TaskResultStatus.READY),
+        ("started", TaskResultStatus.RUNNING),
+        ("finished", TaskResultStatus.FAILED),
+    ]
