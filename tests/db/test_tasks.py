@@ -78,6 +78,15 @@ def test_a_priority_other_than_the_default_is_refused():
         t.noop.using(priority=10)
 
 
+@pytest.mark.parametrize("priority", [10, -1, 100])
+def test_a_priority_is_refused_where_the_task_is_declared(priority):
+    """``@task(priority=...)`` fails as its module is imported, not when a worker would run it: the
+    earliest point, and the error names what is not supported."""
+    with pytest.raises(InvalidTask, match="priority"):
+        task(priority=priority)(t.add.func)
+    assert not Message.objects.exists()
+
+
 @pytest.mark.parametrize(
     ("options", "match"),
     [
@@ -683,3 +692,40 @@ def test_a_task_that_calls_sys_exit_is_failed_with_its_error_and_finished(signal
         ("started", TaskResultStatus.RUNNING),
         ("finished", TaskResultStatus.FAILED),
     ]
+
+
+# --- many tasks in one transaction ----------------------------------------------------------------
+
+
+@pytest.mark.django_db(transaction=True)
+def test_ten_thousand_tasks_enqueued_in_one_transaction_take_bounded_time_and_memory():
+    """A data migration or a bulk action that enqueues a task per row: 10,000 in one transaction.
+
+    Timed without tracing, then again under tracemalloc: the memory still allocated while the transaction
+    is open (what send() would keep per message until the commit: hooks, caches) must not grow with the
+    count beyond a few hundred bytes a task.
+    """
+    import gc
+    import time
+    import tracemalloc
+
+    count = 10_000
+    started = time.perf_counter()
+    with transaction.atomic():
+        for n in range(count):
+            t.add.enqueue(n, 1)  # the result is dropped, as a loop over rows does
+    took = time.perf_counter() - started
+    gc.collect()
+    tracemalloc.start()
+    try:
+        with transaction.atomic():
+            for n in range(count):
+                t.add.enqueue(n, 2)
+            held, peak = tracemalloc.get_traced_memory()
+    finally:
+        tracemalloc.stop()
+    print(f"\n{count} tasks in one transaction: {took:.2f} s; held {held / 1e6:.2f} MB, peak {peak / 1e6:.2f} MB")
+    assert Message.objects.filter(topic="tasks.default").count() == 2 * count
+    assert held < 200 * count, f"{held / 1e6:.1f} MB held for {count} tasks in the open transaction"
+    assert peak < 400 * count, f"peak {peak / 1e6:.1f} MB"
+    assert took < 60, f"{took:.1f} s to enqueue {count} tasks"
