@@ -244,3 +244,28 @@ def test_header_names_and_values_outside_ascii_arrive_as_utf8(tansu):
     assert received.key == "🔑-clé"
     assert {name: received.headers[name] for name in headers} == headers
     assert received.payload == {"name": "Zürich"}
+
+
+def test_a_sasl_password_the_broker_refuses_appears_in_no_error_and_no_log_line(tansu, caplog):
+    """SASL towards a broker that offers none: every attempt fails with "cannot reach Kafka", and the
+    password is in neither the message's last error, its attempt rows, nor anything librdkafka logged."""
+    import logging
+
+    prefix = unique_prefix()
+    password = "s3cr3t-Passw0rd-do-not-leak"
+    config = {
+        "security.protocol": "SASL_PLAINTEXT",
+        "sasl.mechanism": "SCRAM-SHA-512",
+        "sasl.username": "outbox",
+        "sasl.password": password,
+    }
+    caplog.set_level(logging.DEBUG, logger="django_outbox")
+    with outbox_settings("kafka", BACKEND, options(tansu, PRODUCER_CONFIG=config, CONNECT_TIMEOUT=1.0), f"{prefix}.*"):
+        (message,) = send_many(f"{prefix}.orders", 1)
+        relay_until_empty()
+    message.refresh_from_db()
+    assert message.status == Message.Status.PENDING
+    assert f"cannot reach Kafka at {tansu.bootstrap}" in message.last_error
+    texts = [message.last_error, *Attempt.objects.filter(message=message).values_list("error", flat=True)]
+    texts += [record.getMessage() for record in caplog.records]
+    assert not [text for text in texts if password in text]
