@@ -100,6 +100,13 @@ def _check_name(what: str, value: object, max_length: int, *, optional: bool) ->
         raise ValueError(f"outbox.send(): {what} is {len(value)} characters long; the limit is {max_length}.")
     if "\x00" in value:  # PostgreSQL refuses it in text (a DataError, not the caller's mistake made clear)
         raise ValueError(f"outbox.send(): {what} contains a NUL character (\\x00), which databases cannot store.")
+    if "\n" in value or "\r" in value:
+        # Every transport carries it as a header value (Outbox-Topic, Outbox-Key, Idempotency-Key, ce-subject):
+        # NATS's client turns a line break there into a space, so the consumer would read another value.
+        raise ValueError(
+            f"outbox.send(): {what} contains a line break, which the transports' headers cannot carry as it is "
+            f"(NATS turns it into a space). Remove it or encode the value first, got {value!r}."
+        )
     if not value.isascii():  # ASCII text cannot hold a surrogate: the common case skips the encode
         try:
             value.encode()

@@ -112,7 +112,13 @@ class OutboxBackend(BaseTaskBackend):
     # --- results ---------------------------------------------------------------------------------
 
     def get_result(self, result_id: str) -> TaskResult[Any, Any]:
-        """The task's result from its message, or from the archive once housekeeping moved it there."""
+        """The task's result from its message, or from the archive once housekeeping moved it there.
+
+        The message and its attempts are two reads, and housekeeping may move or delete both in between
+        (atomically, in one batch): the attempts then read as none, and the result would be a finished
+        task that never ran anywhere. So the message is looked for again after its attempts: still there,
+        the attempts read were whole; gone, the archive is read (or the result no longer exists).
+        """
         try:
             message_uuid = uuid.UUID(str(result_id))
         except ValueError:
@@ -120,20 +126,22 @@ class OutboxBackend(BaseTaskBackend):
         alias = get_settings().DATABASE
         live = Message.objects.using(alias).filter(uuid=message_uuid).first()
         if live is not None:
-            rows: Iterable[tuple[Any, ...]] = (
+            rows: list[tuple[Any, ...]] = list(
                 Attempt.objects.using(alias)
                 .filter(message_id=live.pk)
                 .values_list("number", "started_at", "finished_at", "worker")
             )
-            return self._result(result_id, live, rows)
+            if Message.objects.using(alias).filter(pk=live.pk).exists():
+                return self._result(result_id, live, rows)
         archived = ArchivedMessage.objects.using(alias).filter(uuid=message_uuid).first()
         if archived is not None:
-            rows = (
+            rows = list(
                 ArchivedAttempt.objects.using(alias)
                 .filter(message_id=archived.pk)
                 .values_list("number", "started_at", "finished_at", "worker")
             )
-            return self._result(result_id, archived, rows)
+            if ArchivedMessage.objects.using(alias).filter(uuid=message_uuid).exists():
+                return self._result(result_id, archived, rows)
         raise TaskResultDoesNotExist(result_id)
 
     def _result(

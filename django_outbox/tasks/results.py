@@ -52,13 +52,18 @@ def load_task(data: Mapping[str, Any]) -> Task[Any, Any]:
     """The ``Task`` the payload names, with the queue and schedule it was enqueued with.
 
     The path points at the module attribute ``@task`` made (a ``Task``), as Django's own pickling of a
-    task does. ``ValueError`` if it no longer does (the function was renamed or removed since).
+    task does. ``ValueError`` if it no longer does (the function was renamed or removed since, or its
+    module no longer imports).
     """
     path = data[p.TASK]
     try:
         task = import_string(path)
     except ImportError as exc:
         raise ValueError(f"task {path!r} cannot be imported: {exc}") from exc
+    except (Exception, SystemExit) as exc:
+        # The module itself is broken (it raises, or calls sys.exit(), as it is imported): the error says
+        # which task, and a SystemExit must not end the worker, nor the web process reading a result.
+        raise ValueError(f"task {path!r} cannot be imported: {type(exc).__name__}: {exc}") from exc
     if not isinstance(task, Task):
         raise ValueError(f"{path!r} is not a task (decorate the function with @task)")
     run_after = parse_datetime(data[p.RUN_AFTER]) if data.get(p.RUN_AFTER) else None

@@ -100,7 +100,11 @@ def run_task(message: Message) -> None:
             raw = task.call(*args, **kwargs)
         value = p.faithful(f"The return value of task {task.module_path}", raw)
         _check_size(value)
-    except Exception as exc:
+    except KeyboardInterrupt:
+        raise  # Ctrl-C stops relay_all(), which records no attempt: no error to record either
+    except BaseException as exc:
+        # SystemExit (a task calling sys.exit()), CancelledError...: the worker records a failed attempt
+        # for them as for any error, so the result keeps the error too, and the last one finishes the task.
         data.pop(p.RUNNING, None)
         data[p.ERRORS] = [*(data.get(p.ERRORS) or []), _error(exc)]
         if not fence.update(payload=data):

@@ -93,7 +93,7 @@ class Pipeline:
                 unstarted += [m.id for m in batch[index:end] if m.key is not None and m.key in stopped]
                 if group:
                     delivered = self.deliver_group(group, routes[index], transports)
-                    outcomes += self._stop_keys(group, delivered, stopped, unstarted)
+                    outcomes += self._stop_keys(group, delivered, stopped)
                 index = end
         finally:
             recorded, lost = self.record(outcomes, batch)
@@ -116,30 +116,30 @@ class Pipeline:
 
     @staticmethod
     def _stop_keys(
-        group: Sequence[Message], outcomes: Sequence[store.Outcome], stopped: set[str], unstarted: list[int]
+        group: Sequence[Message], outcomes: Sequence[store.Outcome], stopped: set[str]
     ) -> list[store.Outcome]:
-        """The outcomes to record, after the first failure of each key stops the rest of that key.
+        """The outcomes to record, noting the keys whose first failure stops the rest of their messages.
 
         A claim hands over a key's consecutive messages in id order; once one of them fails, the ones
         after it must wait for its retry. Delivered one by one, they are never started (``process``
-        skips them). A batch transport was handed them all at once: a later message of the key that
-        failed too goes back to pending as if never claimed (no attempt counted: it failed because the
-        one before it did); one the destination took anyway is recorded as delivered, since it was,
-        and said out loud, since its key's order now rests on the destination's own guarantees
-        (docs/ordering.md, batch transports).
+        skips them, and releases them: no attempt). A batch transport was handed them all at once, so
+        each was attempted and keeps its own outcome. One the destination took anyway is recorded as
+        delivered, since it was, and said out loud, since its key's order now rests on the destination's
+        own guarantees (docs/ordering.md, batch transports). One that failed too is a failed attempt of
+        its own: its outcome is unknown to the outbox (a Kafka report that timed out, a connection lost
+        after the write), so the destination may hold it, and the attempt row is what explains the
+        second copy its retry makes; released as if never claimed, that copy had no trace in the audit.
         """
         kept: list[store.Outcome] = []
         for message, outcome in zip(group, outcomes, strict=True):
             key = message.key
             if key is not None and key in stopped:
-                if outcome.status != store.DELIVERED:
-                    unstarted.append(message.id)
-                    continue
-                logger.warning(
-                    "%s #%d was delivered after an earlier message of its key failed in the same batch",
-                    message.topic,
-                    message.id,
-                )
+                if outcome.status == store.DELIVERED:
+                    logger.warning(
+                        "%s #%d was delivered after an earlier message of its key failed in the same batch",
+                        message.topic,
+                        message.id,
+                    )
             elif key is not None and outcome.status != store.DELIVERED:
                 stopped.add(key)
             kept.append(outcome)

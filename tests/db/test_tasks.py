@@ -78,6 +78,15 @@ def test_a_priority_other_than_the_default_is_refused():
         t.noop.using(priority=10)
 
 
+@pytest.mark.parametrize("priority", [10, -1, 100])
+def test_a_priority_is_refused_where_the_task_is_declared(priority):
+    """``@task(priority=...)`` fails as its module is imported, not when a worker would run it: the
+    earliest point, and the error names what is not supported."""
+    with pytest.raises(InvalidTask, match="priority"):
+        task(priority=priority)(t.add.func)
+    assert not Message.objects.exists()
+
+
 @pytest.mark.parametrize(
     ("options", "match"),
     [
@@ -547,3 +556,176 @@ def test_building_a_backend_again_keeps_the_routing_caches(monkeypatch):
     monkeypatch.setattr(routing, "_clear_caches", lambda: cleared.append(True))
     OutboxBackend("another", {})
     assert cleared == []  # the handler was registered once, at startup
+
+
+# --- a result read while housekeeping moves or deletes its message --------------------------------
+
+
+def _housekeeping_after_the_first_read(table: str, now: dt.datetime) -> Any:
+    """A query wrapper that runs housekeeping, on a connection of its own, right after the caller's first
+    query of ``table`` returned: the interleaving of a result read racing housekeeping, made certain."""
+    import threading
+
+    from django.db import connections
+
+    state = {"ran": False}
+
+    def wrapper(execute: Any, sql: str, params: Any, many: bool, context: Any) -> Any:
+        result = execute(sql, params, many, context)
+        if not state["ran"] and table in sql:
+            state["ran"] = True
+
+            def other() -> None:
+                try:
+                    housekeeping.run("default", now=now)
+                finally:
+                    connections.close_all()
+
+            thread = threading.Thread(target=other)
+            thread.start()
+            thread.join(60)
+        return result
+
+    return wrapper, state
+
+
+@pytest.mark.django_db(transaction=True)
+@pytest.mark.usefixtures("empty_archive")
+def test_a_result_read_while_housekeeping_archives_its_message_is_whole():
+    """The message is read from the hot table, then housekeeping moves it and its attempts to the archive,
+    then the attempts are read: from the hot table they are gone. The result must still have them."""
+    retrying = t.fail_until.using(backend="retrying")
+    result = retrying.enqueue(2)
+    run_all()
+    live = retrying.get_result(result.id)
+    assert len(live.worker_ids) == 2 and live.started_at is not None
+    wrapper, state = _housekeeping_after_the_first_read(Message._meta.db_table, timezone.now() + dt.timedelta(days=1))
+    with connection.execute_wrapper(wrapper):
+        read = retrying.get_result(result.id)
+    assert state["ran"] and ArchivedMessage.objects.filter(uuid=result.id).exists()
+    assert not Message.objects.filter(uuid=result.id).exists()
+    assert (read.status, read.return_value) == (TaskResultStatus.SUCCESSFUL, 2)
+    assert read.worker_ids == live.worker_ids
+    assert (read.started_at, read.last_attempted_at) == (live.started_at, live.last_attempted_at)
+
+
+@pytest.mark.django_db(transaction=True)
+@pytest.mark.usefixtures("empty_archive")
+def test_a_result_read_while_housekeeping_deletes_its_message_does_not_exist(settings):
+    """Retention deletes the message (mode "delete") between the read of the message and that of its
+    attempts: the result is gone, not a successful task that never ran anywhere."""
+    retrying = t.fail_until.using(backend="retrying")
+    result = retrying.enqueue(2)
+    run_all()
+    wrapper, state = _housekeeping_after_the_first_read(Message._meta.db_table, timezone.now() + dt.timedelta(days=30))
+    settings.OUTBOX = {**settings.OUTBOX, "RETENTION_MODE": "delete"}
+    with connection.execute_wrapper(wrapper), pytest.raises(TaskResultDoesNotExist):
+        retrying.get_result(result.id)
+    assert state["ran"] and not Message.objects.filter(uuid=result.id).exists()
+
+
+@pytest.mark.django_db(transaction=True)
+@pytest.mark.usefixtures("empty_archive")
+def test_a_result_read_while_retention_prunes_its_archive_does_not_exist():
+    """The archived message is read, then retention drops it and its attempts from the archive, then the
+    attempts are read: the result is gone, not a successful task without a single attempt."""
+    retrying = t.fail_until.using(backend="retrying")
+    result = retrying.enqueue(2)
+    run_all()
+    housekeeping.run("default", now=timezone.now() + dt.timedelta(days=1))
+    assert ArchivedMessage.objects.filter(uuid=result.id).exists()
+    wrapper, state = _housekeeping_after_the_first_read(
+        ArchivedMessage._meta.db_table, timezone.now() + dt.timedelta(days=60)
+    )
+    with connection.execute_wrapper(wrapper), pytest.raises(TaskResultDoesNotExist):
+        retrying.get_result(result.id)
+    assert state["ran"] and not ArchivedMessage.objects.filter(uuid=result.id).exists()
+
+
+# --- a task that no longer imports, or exits ------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    ("path", "reason"),
+    [
+        ("tests.probe.broken.raises_at_import.job", "broken at import"),
+        ("tests.probe.broken.exits_at_import.job", "called sys.exit() at import"),
+        ("tests.probe.gone_module.job", "No module named 'tests.probe.gone_module'"),
+    ],
+    ids=["raises", "exits", "gone"],
+)
+def test_a_task_whose_module_no_longer_imports_fails_with_the_reason_and_its_result_says_so(signals, path, reason):
+    """A deploy between enqueue and run broke or removed the task's module. The attempt fails with the
+    reason (the worker goes on), the error is in the result's errors, and reading the result raises a
+    ``ValueError`` naming the task: never the module's own exception (a ``SystemExit`` out of a web view
+    ends the process serving it)."""
+    result = t.add.enqueue(1, 2)
+    message = Message.objects.get()
+    message.payload = {**message.payload, "task": path}
+    message.save(update_fields=["payload"])
+    run_all()
+    message.refresh_from_db()
+    assert (message.status, message.attempts) == ("dead", 1)
+    assert reason in message.last_error and path in message.last_error
+    (attempt,) = Attempt.objects.filter(message=message)
+    assert attempt.outcome == Attempt.Outcome.FAILED and reason in attempt.error
+    (error,) = message.payload["errors"]
+    assert error["exception_class_path"] == "builtins.ValueError" and reason in error["traceback"]
+    with pytest.raises(ValueError, match=f"task '{path}' cannot be imported"):
+        task_backends["default"].get_result(result.id)
+    assert [name for name, _ in signals] == ["enqueued"]  # never started, so never finished
+
+
+def test_a_task_that_calls_sys_exit_is_failed_with_its_error_and_finished(signals):
+    result = t.exits.enqueue()
+    run_all()
+    message = Message.objects.get()
+    assert (message.status, message.attempts) == ("dead", 1)
+    assert "a task called sys.exit()" in message.last_error
+    read = t.exits.get_result(result.id)
+    assert read.status == TaskResultStatus.FAILED
+    (error,) = read.errors
+    assert error.exception_class_path == "builtins.SystemExit"
+    assert "a task called sys.exit()" in error.traceback
+    assert [(name, status) for name, (_, _, status) in signals] == [
+        ("enqueued", TaskResultStatus.READY),
+        ("started", TaskResultStatus.RUNNING),
+        ("finished", TaskResultStatus.FAILED),
+    ]
+
+
+# --- many tasks in one transaction ----------------------------------------------------------------
+
+
+@pytest.mark.django_db(transaction=True)
+def test_ten_thousand_tasks_enqueued_in_one_transaction_take_bounded_time_and_memory():
+    """A data migration or a bulk action that enqueues a task per row: 10,000 in one transaction.
+
+    Timed without tracing, then again under tracemalloc: the memory still allocated while the transaction
+    is open (what send() would keep per message until the commit: hooks, caches) must not grow with the
+    count beyond a few hundred bytes a task.
+    """
+    import gc
+    import time
+    import tracemalloc
+
+    count = 10_000
+    started = time.perf_counter()
+    with transaction.atomic():
+        for n in range(count):
+            t.add.enqueue(n, 1)  # the result is dropped, as a loop over rows does
+    took = time.perf_counter() - started
+    gc.collect()
+    tracemalloc.start()
+    try:
+        with transaction.atomic():
+            for n in range(count):
+                t.add.enqueue(n, 2)
+            held, peak = tracemalloc.get_traced_memory()
+    finally:
+        tracemalloc.stop()
+    print(f"\n{count} tasks in one transaction: {took:.2f} s; held {held / 1e6:.2f} MB, peak {peak / 1e6:.2f} MB")
+    assert Message.objects.filter(topic="tasks.default").count() == 2 * count
+    assert held < 200 * count, f"{held / 1e6:.1f} MB held for {count} tasks in the open transaction"
+    assert peak < 400 * count, f"peak {peak / 1e6:.1f} MB"
+    assert took < 60, f"{took:.1f} s to enqueue {count} tasks"

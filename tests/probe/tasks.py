@@ -119,3 +119,11 @@ def hang_then_return(label: str) -> str | None:
     if not gate.wait(120):
         raise TimeoutError("the test never opened the gate")
     return "from the abandoned first call" if first else None
+
+
+@task
+def exits() -> None:
+    """A task that calls ``sys.exit()``: a failed attempt like any other, with its error kept."""
+    import sys
+
+    sys.exit("a task called sys.exit()")
