@@ -339,21 +339,22 @@ def claim(
 def _open_before(outer: str, blocking: tuple[str, ...]) -> str:
     """An earlier open message of ``outer``'s key, read off the open keys' index (not the key's history)."""
     return (
-        f"EXISTS (SELECT 1 FROM {MESSAGE} AS b FORCE INDEX ({OPEN_KEY_INDEX}) WHERE b.{OPEN_KEY_COLUMN} = {outer}.key"
+        f"EXISTS (SELECT 1 FROM {MESSAGE} AS b FORCE INDEX ({CLAIM_KEY_INDEX})"
+        f" WHERE b.{CLAIM_KEY_COLUMN} = {outer}.key"
         f" AND b.id < {outer}.id AND b.status IN ({', '.join(map(literal, blocking))}))"
     )
 
 
 def _keys_sql(bound: int) -> str:
     """The open keys after the worker's cursor, then from the first up to it (the walk wraps round), at
-    most ``bound`` of each: a loose index scan of the open keys' index (``GROUP BY`` on it jumps from one
-    key to the next, one probe per key whatever its backlog), the claim's ``keys`` on PostgreSQL and
-    SQLite. A recursive probe of the next key, as there, read the index's NULL entries (every finished
-    message's) from the start on each step."""
-    col, bound = OPEN_KEY_COLUMN, int(bound)
+    most ``bound`` of each, with each key's first open message: a loose index scan of the claim's index
+    (``GROUP BY`` on it jumps from one key to the next, one probe per key whatever its backlog), the
+    claim's ``keys`` on PostgreSQL and SQLite. A recursive probe of the next key, as there, read the
+    index's NULL entries (every finished message's) from the start on each step."""
+    col, bound = CLAIM_KEY_COLUMN, int(bound)
     return (
-        f"(SELECT {col} FROM {MESSAGE} WHERE {col} > %s GROUP BY {col} ORDER BY {col} LIMIT {bound})"
-        f" UNION ALL (SELECT {col} FROM {MESSAGE} WHERE {col} IS NOT NULL AND {col} <= %s"
+        f"(SELECT {col}, MIN(id) FROM {MESSAGE} WHERE {col} > %s GROUP BY {col} ORDER BY {col} LIMIT {bound})"
+        f" UNION ALL (SELECT {col}, MIN(id) FROM {MESSAGE} WHERE {col} > {UNKEYED} AND {col} <= %s"
         f" GROUP BY {col} ORDER BY {col} LIMIT {bound})"
     )
 
@@ -375,14 +376,15 @@ def claim_runs(
     """The claim of any due message with keys in runs: the claim of PostgreSQL and SQLite in statements
     MariaDB takes (no ``UPDATE ... RETURNING``, no ``LATERAL``, no ``LIMIT`` in an ``IN`` subquery).
 
-    Read without locks, in autocommit: the open keys (``_keys_sql``); then, in one statement, each key's
-    first ``cap`` open messages off the open keys' index, the unkeyed due messages in id order and, when
-    the keys outnumber a batch, the heads of the others found by the walk of the pending rows, as the claim
-    without runs does. A key's run is its messages from its head while they are pending, due and of the
-    worker's topics. The oldest ``limit`` candidates are then locked by primary key (``SKIP LOCKED``, the
-    due test asked again of the row as last committed), a key's messages kept only as far as each one before
-    them was locked, leased, and committed: one short transaction, and no two workers hold parts of a
-    key's run.
+    Read without locks, in autocommit, off the claim's index (``CLAIM_KEY_COLUMN``): the open keys
+    (``_keys_sql``); then, in one statement, each key's first open messages (``cap`` of them, fewer when
+    many keys share the batch: a batch takes the oldest of them), the unkeyed pending messages in id order
+    and, when the keys outnumber a batch, the heads of the others found by the walk of the pending rows, as
+    the claim without runs does. A key's run is its messages from its head while they are pending, due and
+    of the worker's topics. The oldest ``limit`` candidates are then locked by primary key (``SKIP
+    LOCKED``, the due test asked again of the row as last committed), a key's messages kept only as far as
+    each one before them was locked, leased, and committed: one short transaction, and no two workers hold
+    parts of a key's run.
     """
     from .db import topic_filter
 
@@ -392,54 +394,53 @@ def claim_runs(
     else:  # the host's clock, as on SQLite
         host_now = timezone.now()
         now, now_params, clock = "%s", [prep_dt(conn, host_now)], ""
+    col, index, limit = CLAIM_KEY_COLUMN, CLAIM_KEY_INDEX, int(limit)
+    c_topics, c_params = topic_filter(topics, column="c.topic", escape=LIKE_ESCAPE)
     with conn.cursor() as cursor:
         cursor.execute(_keys_sql(bound), [after_key, after_key])
-        keys = [str(row[0]) for row in cursor.fetchall()][:bound]
-        candidates: dict[int, str | None] = {}  # id: key (None: unkeyed)
-        if keys:
+        keys = [(str(row[0]), int(row[1])) for row in cursor.fetchall()][:bound]
+        parts: list[str] = []
+        params: list[Any] = []
+        heads: dict[int, str | None] = {}
+        if len(keys) > limit // HEADS_ONLY_SHARE and set(blocking) == set(OPEN_STATUSES):
+            # Many keys: a batch is their heads (the oldest of them), which the scan read off the index;
+            # the lock below asks each whether it can be claimed. Reading runs too cost a statement part
+            # per key, and the batch would take only the oldest message or two of each.
+            heads = {head: key for key, head in keys}
+        elif keys:
             b_topics, b_params = topic_filter(topics, column="b.topic", escape=LIKE_ESCAPE)
-            statuses = ", ".join(map(literal, blocking))
-            run = (
-                f"(SELECT b.id, b.{OPEN_KEY_COLUMN}, b.status = {literal(PENDING)} AND b.available_at <= {now}"
-                f"{b_topics} FROM {MESSAGE} AS b FORCE INDEX ({OPEN_KEY_INDEX}) WHERE b.{OPEN_KEY_COLUMN} = %s"
-                f" AND b.status IN ({statuses}) ORDER BY b.id LIMIT {int(cap)})"
-            )
-            cursor.execute(
-                " UNION ALL ".join([run] * len(keys)),
-                [value for key in keys for value in (*now_params, *b_params, key)],
-            )
-            # A key's run: its open messages from its head, kept while each can be claimed.
-            stopped: set[str] = set()
-            for message_id, row_key, ok in cursor.fetchall():
-                if row_key in stopped:
-                    continue
-                if ok:
-                    candidates[int(message_id)] = str(row_key)
-                else:
-                    stopped.add(str(row_key))
-        # Unkeyed messages (and, when the keys outnumber what the scan visits, the oldest keys' heads) older
-        # than the batch the runs would fill: the walk of the pending rows stops there, not at the end of a
-        # keyed backlog it would otherwise pass through row by row.
-        c_topics, c_params = topic_filter(topics, column="c.topic", escape=LIKE_ESCAPE)
-        due = f"c.status = {literal(PENDING)} AND c.available_at <= {now}{c_topics}"
-        older: list[Any] = []
-        if len(candidates) >= limit:
-            due += " AND c.id < %s"
-            older.append(sorted(candidates)[int(limit) - 1])
-        parts = [
-            f"(SELECT c.id, NULL FROM {MESSAGE} AS c FORCE INDEX ({CLAIM_INDEX}) WHERE {due} AND c.key IS NULL"
-            f" ORDER BY c.id LIMIT {int(limit)})"
-        ]
-        params = [*now_params, *c_params, *older]
-        if len(keys) >= bound:
+            per_key = max(1, min(int(cap), -(-2 * limit // len(keys))))
+            parts += [
+                f"(SELECT b.id, b.{col}, b.status = {literal(PENDING)} AND b.available_at <= {now}{b_topics}"
+                f" FROM {MESSAGE} AS b FORCE INDEX ({index}) WHERE b.{col} = %s"
+                f" AND b.status IN ({', '.join(map(literal, blocking))}) ORDER BY b.id LIMIT {per_key})"
+            ] * len(keys)
+            params += [value for key, _ in keys for value in (*now_params, *b_params, key)]
+        due = f"c.available_at <= {now}{c_topics}"
+        parts.append(
+            f"(SELECT c.id, NULL, 1 FROM {MESSAGE} AS c FORCE INDEX ({index}) WHERE c.{col} = {UNKEYED} AND {due}"
+            f" ORDER BY c.id LIMIT {limit})"
+        )
+        params += [*now_params, *c_params]
+        if len(keys) >= bound:  # more keys are open than the scan visits: the oldest heads, as without runs
             parts.append(
-                f"(SELECT c.id, c.key FROM {MESSAGE} AS c FORCE INDEX ({CLAIM_INDEX}) WHERE {due}"
-                f" AND c.key IS NOT NULL AND NOT {_open_before('c', blocking)} ORDER BY c.id LIMIT {int(limit)})"
+                f"(SELECT c.id, c.key, 1 FROM {MESSAGE} AS c FORCE INDEX ({CLAIM_INDEX})"
+                f" WHERE c.status = {literal(PENDING)} AND {due} AND c.key IS NOT NULL"
+                f" AND NOT {_open_before('c', blocking)} ORDER BY c.id LIMIT {limit})"
             )
-            params += [*now_params, *c_params, *older]
+            params += [*now_params, *c_params]
         cursor.execute(" UNION ALL ".join(parts), params)
-        for message_id, row_key in cursor.fetchall():
-            candidates.setdefault(int(message_id), None if row_key is None else str(row_key))
+        rows = cursor.fetchall()
+    candidates: dict[int, str | None] = dict(heads)  # id: key (None: unkeyed)
+    stopped: set[str] = set()
+    for message_id, row_key, ok in sorted(rows, key=lambda row: int(row[0])):
+        if row_key is None:
+            candidates[int(message_id)] = None
+        elif row_key not in stopped:  # a run: its key's messages in id order, kept while each can be claimed
+            if ok:
+                candidates[int(message_id)] = str(row_key)
+            else:
+                stopped.add(str(row_key))
     picked = sorted(candidates)[: int(limit)]
     if not picked:
         return []
@@ -451,8 +452,8 @@ def claim_runs(
         cursor.execute(
             f"SELECT {', '.join('c.' + c for c in COLUMN_NAMES)}{clock} FROM {MESSAGE} AS c"
             f" WHERE c.id IN ({', '.join(['%s'] * len(picked))}) AND c.status = {literal(PENDING)}"
-            f" AND c.available_at <= {now} FOR UPDATE SKIP LOCKED",
-            [*picked, *now_params],
+            f" AND c.available_at <= {now}{c_topics} FOR UPDATE SKIP LOCKED",
+            [*picked, *now_params, *c_params],
         )
         locked = {int(r[0]): list(r) for r in cursor.fetchall()}
         kept: list[list[Any]] = []
@@ -596,21 +597,27 @@ def server_facts(conn: BaseDatabaseWrapper) -> dict[str, Any]:
     }
 
 
-#: The virtual column that holds a message's key while the message is open (``OPEN_STATUSES``), NULL
-#: otherwise, and its index (migration ``0003_mysql_open_key_index``): what ``outbox_msg_key_open_idx``, a
-#: partial index, is on PostgreSQL and SQLite. Unkeyed and finished messages are NULL in it.
-OPEN_KEY_COLUMN = "open_key"
-OPEN_KEY_INDEX = "outbox_msg_open_key_idx"
+#: The virtual column the claim finds messages on, and its index (migration
+#: ``0003_mysql_claim_key_index``): the key while a keyed message is open (``OPEN_STATUSES``), ``''``
+#: while an unkeyed message is pending (``send()`` refuses an empty key), NULL otherwise. It is on
+#: MariaDB/MySQL what two partial indexes are on PostgreSQL and SQLite, ``outbox_msg_key_open_idx`` and
+#: ``outbox_msg_unkeyed_idx``; finished messages, the table's history, are NULL in it.
+CLAIM_KEY_COLUMN = "claim_key"
+#: More open keys than a batch's share of this, and a claim takes their heads only (``claim_runs``).
+HEADS_ONLY_SHARE = 4
+CLAIM_KEY_INDEX = "outbox_msg_claim_key_idx"
+#: Its value for a pending unkeyed message.
+UNKEYED = "''"
 
 
-def open_key_column_sql(conn: BaseDatabaseWrapper) -> str:
+def claim_key_column_sql(conn: BaseDatabaseWrapper) -> str:
     """The column's definition: the key's type and bytewise collation (the initial migration's), computed,
     never stored."""
     collation = "utf8mb4_nopad_bin" if conn.mysql_is_mariadb else "utf8mb4_0900_bin"  # type: ignore[attr-defined]
     statuses = ", ".join(map(literal, OPEN_STATUSES))
     return (
-        f"{OPEN_KEY_COLUMN} varchar(200) CHARACTER SET utf8mb4 COLLATE {collation}"
-        f" AS (IF(status IN ({statuses}), `key`, NULL)) VIRTUAL"
+        f"{CLAIM_KEY_COLUMN} varchar(200) CHARACTER SET utf8mb4 COLLATE {collation} AS (IF(`key` IS NULL,"
+        f" IF(status = {literal(PENDING)}, {UNKEYED}, NULL), IF(status IN ({statuses}), `key`, NULL))) VIRTUAL"
     )
 
 

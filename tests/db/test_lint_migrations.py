@@ -49,7 +49,7 @@ def test_the_same_change_done_the_safe_way_passes():
     result = lint_migrations.lint()
     assert result.linted == (
         "0002_pending_unkeyed_index",
-        "0003_mysql_open_key_index",
+        "0003_mysql_claim_key_index",
         "0002_index",
         "0003_column",
         "0004_check",
@@ -63,7 +63,7 @@ def test_the_same_change_as_makemigrations_writes_it_fails():
     result = lint_migrations.lint()
     assert result.linted == (
         "0002_pending_unkeyed_index",
-        "0003_mysql_open_key_index",
+        "0003_mysql_claim_key_index",
         "0002_index",
         "0003_column",
         "0004_check",
@@ -87,7 +87,7 @@ def test_the_same_in_a_migration_marked_post_deploy_passes():
     result = lint_migrations.lint()
     assert result.linted == (
         "0002_pending_unkeyed_index",
-        "0003_mysql_open_key_index",
+        "0003_mysql_claim_key_index",
         "0002_index",
         "0003_column",
         "0004_drop",

@@ -38,7 +38,7 @@ EXPECTED = {
     "outbox_msg_created_idx": "created_at",
     "outbox_msg_settled_idx": "status,id,topic",
     "outbox_msg_finished_idx": "created_at",
-    "outbox_msg_open_key_idx": "open_key",
+    "outbox_msg_claim_key_idx": "claim_key",
 }
 
 #: 30,000 messages: mostly delivered history, 1% pending (a few scheduled an hour ahead), some dead and

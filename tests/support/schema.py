@@ -194,7 +194,7 @@ def declared(connection: BaseDatabaseWrapper) -> Declared:
                 for table, index in _later_partial_indexes():
                     editor.execute(f"DROP INDEX {index} ON {table}")
                 # ... and 0003 gives them the open keys' index a partial index gives the others
-                importlib.import_module("django_outbox.migrations.0003_mysql_open_key_index").add(apps, editor)
+                importlib.import_module("django_outbox.migrations.0003_mysql_claim_key_index").add(apps, editor)
         return Declared(models=models_only, shaped=snapshot(twin))
 
 

@@ -7,6 +7,6 @@ from django_outbox.store.online import AddIndexOnline
 
 class Migration(migrations.Migration):
     atomic = False
-    dependencies = (("django_outbox", "0003_mysql_open_key_index"),)
+    dependencies = (("django_outbox", "0003_mysql_claim_key_index"),)
 
     operations = (AddIndexOnline("message", models.Index(fields=["topic"], name="outbox_msg_topic_idx")),)

@@ -3,4 +3,4 @@ own changes."""
 
 import importlib
 
-Migration = importlib.import_module("django_outbox.migrations.0003_mysql_open_key_index").Migration
+Migration = importlib.import_module("django_outbox.migrations.0003_mysql_claim_key_index").Migration
