@@ -56,10 +56,10 @@ VARIANTS: dict[str, str | None] = {
     "package": None,
 }
 #: The package's migrations the samples build on (each variant repeats them), where each run goes back to.
-BASE = "0002_pending_unkeyed_index"
+BASE = "0003_mysql_claim_key_index"
 STEPS = ("0002_index", "0003_column", "0004_check")
 #: Each variant's steps, and the migration it starts from.
-STEPS_OF = {"online": STEPS, "plain": STEPS, "package": ("0002_pending_unkeyed_index",)}
+STEPS_OF = {"online": STEPS, "plain": STEPS, "package": ("0002_pending_unkeyed_index", "0003_mysql_claim_key_index")}
 START_OF = {"online": BASE, "plain": BASE, "package": "0001_initial"}
 #: The workers of the ``package`` variant run the code before its migrations (the previous release, as
 #: far as the schema goes); the package's own code would wait for them to be applied.

@@ -22,7 +22,13 @@ from django.utils import timezone
 
 from .conf import get_settings
 from .exceptions import IdempotencyConflictError, OutboxError, PayloadTooLargeError
-from .limits import IDEMPOTENCY_KEY_MAX_LENGTH, KEY_MAX_LENGTH, PAYLOAD_MAX_DEPTH, TOPIC_MAX_LENGTH
+from .limits import (
+    IDEMPOTENCY_KEY_MAX_LENGTH,
+    KEY_MAX_LENGTH,
+    PAYLOAD_MAX_DEPTH,
+    SEND_MANY_MAX_ITEMS,
+    TOPIC_MAX_LENGTH,
+)
 from .observability.propagation import trace_headers
 from .routing import Handler, registry, sending_transport
 
@@ -553,6 +559,12 @@ class Outbox:
         news: list[store_types.NewMessage] = []
         now = timezone.now()
         for index, item in enumerate(items):
+            if index == SEND_MANY_MAX_ITEMS:
+                raise ValueError(
+                    f"outbox.send_many(): more than {SEND_MANY_MAX_ITEMS:,} items in one call; nothing was "
+                    "written. Split the batch into several send_many() calls in the same transaction: it "
+                    "stays atomic."
+                )
             if not isinstance(item, Mapping):
                 raise TypeError(
                     f"outbox.send_many(): item {index} must be a dict of send()'s arguments, not {type(item).__name__}."
