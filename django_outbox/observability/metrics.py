@@ -158,7 +158,11 @@ class Backlog(Collector):
         with self._lock:
             if self.latest is not None and time.monotonic() - self._taken < self.interval:
                 return
-            self.latest = overview.gauges(self.database)
+            try:
+                self.latest = overview.gauges(self.database)
+            except DatabaseError:
+                self.latest = None  # an expired sample is not served as if it were current
+                raise
             self._taken = time.monotonic()
 
     def sample(self) -> None:
