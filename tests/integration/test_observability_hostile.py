@@ -94,6 +94,8 @@ def test_the_probes_bound_keeps_a_dbas_shorter_timeout_and_leaves_the_session_as
             with transaction.atomic():
                 with overview.bounded_waits("default"):
                     assert (show("statement_timeout"), show("lock_timeout")) == ("200ms", "2s")
+                    assert show("enable_bitmapscan") == "off"
                 assert (show("statement_timeout"), show("lock_timeout")) == ("200ms", "0")
+                assert show("enable_bitmapscan") == "on"
         finally:
             cursor.execute("RESET statement_timeout")
