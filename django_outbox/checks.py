@@ -206,6 +206,11 @@ def check_mysql(
     alias = conf.get_settings().DATABASE if not conf.problems() else "default"
     if not databases or alias not in databases:
         return []
+    return mysql_findings(alias)
+
+
+def mysql_findings(alias: str) -> list[CheckMessage]:
+    """E110-E115 for one alias, whichever it is: ``outbox_worker --database`` runs them for its own."""
     from django.db import connections
     from django.db.utils import NotSupportedError
 

@@ -128,6 +128,10 @@ def test_the_life_of_a_message_under_each_mode(sql_mode, client):
     client.force_login(admin)
     page = client.get(reverse("admin:django_outbox_message_overview"))
     assert page.status_code == 200 and b"probe.mode" in page.content
+    health = client.get("/outbox/health/").json()  # the probes' bounded reads, under the mode too
+    assert "error" not in health and health["lag_seconds"] == 0, health
+    metrics = client.get("/outbox/metrics/")
+    assert metrics.status_code == 200 and b'outbox_backlog_messages{status="dead"} 1.0' in metrics.content
 
 
 def test_a_real_worker_relays_under_each_mode(sql_mode):
@@ -160,3 +164,9 @@ def test_empty_string_is_null_is_refused_by_check_and_send_writes_nothing(mode):
         with pytest.raises(IntegrityError):
             outbox.send("probe.mode", {})
         assert not Message.objects.exists()
+    sent = outbox.send("probe.mode", {})  # sent before the mode came (a parameter group changed later)
+    settings = json.dumps({"OPTIONS": {"init_command": f"SET sql_mode='{mode}'"}})
+    code, out = WorkerProcess("--until-empty", env={"TEST_DB_SETTINGS": settings}).wait(timeout=60)
+    # Under the mode a worker delivered without ever showing up alive: its heartbeat could not be written.
+    assert code != 0 and MYSQL_SQL_MODE in out and "EMPTY_STRING_IS_NULL" in out, out
+    assert Message.objects.get(pk=sent.pk).status == "pending"  # untouched, for a worker that can record
