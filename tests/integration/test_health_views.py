@@ -320,3 +320,24 @@ def test_a_stale_sample_is_not_served_once_the_database_is_gone(client, settings
         connection.settings_dict.update(saved)
     assert response.status_code == 503
     assert b"outbox_workers_alive" not in response.content
+
+
+@pytest.fixture
+def staff_client(client):
+    """A client with an active staff session, stored in the database before the outage."""
+    client.force_login(User.objects.create_user("ops", is_staff=True))
+    return client
+
+
+def test_a_staff_session_during_an_outage_gets_the_503_not_a_500(staff_client, unreachable_database, caplog):
+    """Operators open the probes with their staff session, whose lookup needs the database: during an
+    outage that lookup fails before any figure is read. The answer is the probes' 503 (no figure: who
+    asks cannot be told), not Django's 500 page with the driver's error."""
+    with caplog.at_level(logging.WARNING, logger="django_outbox"):
+        health = staff_client.get(HEALTH)
+        metrics = staff_client.get(METRICS)
+    assert health.status_code == 503
+    body = health.json()
+    assert body["status"] == "stalled" and body["lag_seconds"] is None and "could not be read" in body["error"]
+    assert metrics.status_code == 503 and b"could not be read" in metrics.content
+    assert b"127.0.0.1" not in health.content + metrics.content

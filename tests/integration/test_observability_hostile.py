@@ -4,6 +4,9 @@ table of a million rows under a DBA's timeouts. Against the real server, over a 
 from __future__ import annotations
 
 import json
+import socket
+import subprocess
+import sys
 import time
 import urllib.error
 import urllib.request
@@ -13,10 +16,15 @@ from typing import Any
 import pytest
 from django.db import connection, transaction
 from django.test import override_settings
+from django.utils import timezone
 
 from django_outbox.admin import overview
 from django_outbox.observability import views
+from tests.support import ROOT
 from tests.support.database import connect_raw, connect_raw_mysql
+from tests.support.processes import worker_env
+from tests.support.servers import free_port
+from tests.support.waiting import wait_for
 
 pytestmark = pytest.mark.django_db(transaction=True)
 
@@ -30,9 +38,9 @@ def _fresh_sample(monkeypatch):
     monkeypatch.setattr(views, "_backlog", None)
 
 
-def get(url: str, *, timeout: float = 30.0) -> tuple[int, bytes, float]:
-    """Status, body and seconds of one request with the bearer token."""
-    request = urllib.request.Request(url, headers={"Authorization": f"Bearer {TOKEN}"})
+def get(url: str, *, timeout: float = 30.0, headers: dict[str, str] | None = None) -> tuple[int, bytes, float]:
+    """Status, body and seconds of one request, with the bearer token unless other headers are given."""
+    request = urllib.request.Request(url, headers=headers or {"Authorization": f"Bearer {TOKEN}"})
     started = time.monotonic()
     try:
         with urllib.request.urlopen(request, timeout=timeout) as response:
@@ -99,3 +107,88 @@ def test_the_probes_bound_keeps_a_dbas_shorter_timeout_and_leaves_the_session_as
                 assert show("enable_bitmapscan") == "on"
         finally:
             cursor.execute("RESET statement_timeout")
+
+
+#: A web process of one thread that serves request after request, as a sync worker of a WSGI server does:
+#: with ``CONN_MAX_AGE`` its session outlives each request. (Django's test servers and its ASGI handler
+#: run each request on a thread of its own, so their sessions never do.)
+ONE_THREAD_SERVER = """
+import sys
+from wsgiref.simple_server import WSGIRequestHandler, make_server
+from django.core.wsgi import get_wsgi_application
+class Quiet(WSGIRequestHandler):
+    def log_message(self, *args):
+        pass
+make_server("127.0.0.1", int(sys.argv[1]), get_wsgi_application(), handler_class=Quiet).serve_forever()
+"""
+
+
+@pytest.fixture
+def persistent_web_process() -> Iterator[str]:
+    """The tests' application in a real single-threaded WSGI server whose session persists (``CONN_MAX_AGE``)."""
+    port = free_port()
+    env = {**worker_env(), "TEST_DB_SETTINGS": json.dumps({"CONN_MAX_AGE": 600})}
+    proc = subprocess.Popen(
+        [sys.executable, "-c", ONE_THREAD_SERVER, str(port)],
+        cwd=ROOT,
+        env=env,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+    )
+    try:
+        wait_for(lambda: proc.poll() is not None or _listens(port), timeout=60, interval=0.1)
+        assert proc.poll() is None, proc.stdout.read() if proc.stdout else ""
+        yield f"http://127.0.0.1:{port}"
+    finally:
+        proc.terminate()
+        try:
+            proc.communicate(timeout=20)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            proc.communicate(timeout=10)
+
+
+def _listens(port: int) -> bool:
+    try:
+        socket.create_connection(("127.0.0.1", port), timeout=1).close()
+    except OSError:
+        return False
+    return True
+
+
+def test_a_probe_after_the_server_ended_its_session_answers_at_once_and_the_next_is_ok(
+    persistent_web_process, postgres, client
+):
+    """The server ends the web process's persistent session (a failover, ``pg_terminate_backend``, an idle
+    timeout): the next probe answers at once, with the JSON a probe parses, and the probe after it is 200
+    again: the dead session is not kept."""
+    from django.contrib.auth.models import User
+
+    from django_outbox import store
+
+    staff = User.objects.create_user("ops", is_staff=True)
+    client.force_login(staff)
+    cookie = {"Cookie": f"sessionid={client.cookies['sessionid'].value}"}
+    store.heartbeat(
+        "default",
+        store.WorkerBeat(
+            worker_id="w-1", hostname="host", pid=1, started_at=timezone.now(), in_flight=0,
+            delivered=0, failed=0, stopped=False, housekeeping_failures=0, housekeeping_error="",
+        ),
+    )  # fmt: skip
+    url = persistent_web_process + HEALTH
+    status, body, _ = get(url, headers=cookie)
+    assert status == 200, body
+    with connect_raw(autocommit=True) as killer:
+        ended = killer.execute(
+            "SELECT count(*) FILTER (WHERE pg_terminate_backend(pid)) FROM pg_stat_activity"
+            " WHERE datname = current_database() AND pid <> pg_backend_pid() AND pid <> %s",
+            [connection.cursor().connection.info.backend_pid],
+        ).fetchone()[0]
+    assert ended >= 1, "the web process kept no session to end"
+    status, body, seconds = get(url, headers=cookie)
+    assert seconds < 5, f"answered after {seconds:.1f} s"
+    assert (status, json.loads(body)["status"]) == (503, "stalled"), body
+    status, body, _ = get(url, headers=cookie)
+    assert (status, json.loads(body)["status"]) == (200, "ok"), body
