@@ -39,6 +39,13 @@ MYSQL_ISOLATION = "django_outbox.E112"
 MYSQL_CLAIM_INDEX = "django_outbox.E113"
 #: The initial migration's MariaDB/MySQL shapes are missing: no unique idempotency key index, no per-key lock rows.
 MYSQL_SHAPES_MISSING = "django_outbox.E114"
+#: A ``sql_mode`` the outbox's writes cannot work under (MariaDB's EMPTY_STRING_IS_NULL).
+MYSQL_SQL_MODE = "django_outbox.E115"
+#: sql_mode flags under which the outbox cannot store a message, and why.
+SQL_MODES_REFUSED = {
+    "EMPTY_STRING_IS_NULL": "stores every '' as NULL, and the outbox writes '' to NOT NULL columns (an attempt's "
+    "error, a message's last error): every send() fails with an IntegrityError",
+}
 
 
 @register_check(Tags.compatibility)
@@ -195,10 +202,15 @@ def database_messages(alias: str, db: Mapping[str, Any]) -> list[CheckMessage]:
 def check_mysql(
     app_configs: Sequence[AppConfig] | None = None, databases: Sequence[str] | None = None, **kwargs: Any
 ) -> list[CheckMessage]:
-    """E110-E114: a MariaDB/MySQL server the claim cannot rely on. A database check: it connects."""
+    """E110-E115: a MariaDB/MySQL server the claim cannot rely on. A database check: it connects."""
     alias = conf.get_settings().DATABASE if not conf.problems() else "default"
     if not databases or alias not in databases:
         return []
+    return mysql_findings(alias)
+
+
+def mysql_findings(alias: str) -> list[CheckMessage]:
+    """E110-E115 for one alias, whichever it is: ``outbox_worker --database`` runs them for its own."""
     from django.db import connections
     from django.db.utils import NotSupportedError
 
@@ -217,7 +229,25 @@ def check_mysql(
                 id=MYSQL_TOO_OLD,
             )
         ]
-    return mysql_messages(alias, facts)
+    with conn.cursor() as cursor:
+        cursor.execute("SELECT @@SESSION.sql_mode")
+        (sql_mode,) = cursor.fetchone()
+    return [*mysql_messages(alias, facts), *sql_mode_messages(alias, str(sql_mode or ""))]
+
+
+def sql_mode_messages(alias: str, sql_mode: str) -> list[CheckMessage]:
+    """E115: the flags of the connection's ``sql_mode`` (the server's, or an ``init_command``'s) that break
+    every write. The other modes managed services ship work (tests/db/test_mysql_modes.py)."""
+    flags = {flag.strip().upper() for flag in sql_mode.split(",")}
+    return [
+        Error(
+            f"Database {alias!r} runs with sql_mode {flag}, which {why}.",
+            hint=f"Remove {flag} from the sql_mode: the server's, or DATABASES[{alias!r}]['OPTIONS']['init_command'].",
+            id=MYSQL_SQL_MODE,
+        )
+        for flag, why in SQL_MODES_REFUSED.items()
+        if flag in flags
+    ]
 
 
 def mysql_messages(alias: str, facts: Mapping[str, Any]) -> list[CheckMessage]:

@@ -8,11 +8,13 @@ page stays fast on a table of millions of rows (see ``counting``).
 from __future__ import annotations
 
 import collections
+import contextlib
 import datetime as dt
+from collections.abc import Iterator
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
-from django.db import connections
+from django.db import connections, transaction
 from django.db.models import (
     Count,
     Exists,
@@ -214,7 +216,63 @@ class Gauges:
     workers_alive: int
 
 
+#: The longest the gauges wait for a lock, or (PostgreSQL) run a statement: a probe or a scrape must
+#: answer while a migration holds the table locked, not queue behind it for as long as it runs. A
+#: shorter timeout already set on the session (a DBA's) is kept.
+GAUGES_TIMEOUT_SECONDS = 2
+
+
+@contextlib.contextmanager
+def bounded_waits(using: str) -> Iterator[None]:
+    """Reads that give up after ``GAUGES_TIMEOUT_SECONDS`` rather than wait for a lock (``DatabaseError``).
+
+    PostgreSQL: ``lock_timeout`` and ``statement_timeout``, and no bitmap scans, for this transaction only
+    (a savepoint's inside the caller's, undone with it on error, put back on success). MariaDB/MySQL: the
+    session's
+    ``lock_wait_timeout`` (a year by default), put back afterwards. SQLite's readers do not wait on a
+    writer in WAL mode, and its own ``timeout`` bounds the rest.
+    """
+    conn = connections[using]
+    limit = GAUGES_TIMEOUT_SECONDS
+    if conn.vendor == "postgresql":
+        with transaction.atomic(using=using), conn.cursor() as cursor:
+            # Both settings are in milliseconds; 0 means none, so it is replaced too.
+            cursor.execute(
+                "SELECT name, setting, set_config(name, CASE WHEN setting::bigint = 0 OR setting::bigint > %s"
+                " THEN %s ELSE setting END, true) FROM pg_settings"
+                " WHERE name IN ('lock_timeout', 'statement_timeout')",
+                [limit * 1000, str(limit * 1000)],
+            )
+            saved = [(name, setting) for name, setting, _ in cursor.fetchall()]
+            # Every count of the probes stops at EXACT_COUNT_CAP + 1 rows; a bitmap scan cannot stop and
+            # reads every entry of its index first (a whole status of the table), and PostgreSQL plans one
+            # for a table without statistics (new, restored, after pg_upgrade).
+            cursor.execute("SELECT current_setting('enable_bitmapscan'), set_config('enable_bitmapscan', 'off', true)")
+            saved.append(("enable_bitmapscan", cursor.fetchone()[0]))
+            yield
+            for name, setting in saved:
+                cursor.execute("SELECT set_config(%s, %s, true)", [name, setting])
+        return
+    if conn.vendor != "mysql":
+        yield
+        return
+    with conn.cursor() as cursor:
+        cursor.execute("SELECT @@SESSION.lock_wait_timeout")
+        (saved_wait,) = cursor.fetchone()
+        cursor.execute("SET SESSION lock_wait_timeout = %s", [min(int(saved_wait), limit)])
+        try:
+            yield
+        finally:
+            cursor.execute("SET SESSION lock_wait_timeout = %s", [int(saved_wait)])
+
+
 def gauges(using: str = "default", *, stale_after: float = STALE_AFTER_SECONDS) -> Gauges:
+    """The probes' figures, within ``bounded_waits``: ``DatabaseError`` rather than a wait behind a lock."""
+    with bounded_waits(using):
+        return _gauges(using, stale_after)
+
+
+def _gauges(using: str, stale_after: float) -> Gauges:
     now = store.database_now(using)
     messages = Message.objects.using(using)
     due = messages.filter(status=Message.Status.PENDING, available_at__lte=now)

@@ -31,7 +31,7 @@ from prometheus_client.registry import Collector
 
 from ..admin import overview
 from ..worker.observer import Observer
-from .labels import topic_label
+from .labels import TopicLabels
 
 if TYPE_CHECKING:
     from wsgiref.simple_server import WSGIServer
@@ -61,6 +61,7 @@ class WorkerMetrics(Observer):
 
     def __init__(self, registry: CollectorRegistry) -> None:
         labels = ("topic", "transport")
+        self.topic_label = TopicLabels()
         self.delivered = Counter("outbox_messages_delivered", "Messages delivered.", labels, registry=registry)
         self.failed = Counter(
             "outbox_messages_failed",
@@ -111,7 +112,7 @@ class WorkerMetrics(Observer):
                 continue
             topic = topics[o.message_id]
             transport = transports.get(o.message_id, NO_TRANSPORT)
-            labels = (topic_label(topic), transport)
+            labels = (self.topic_label(topic), transport)
             self.duration.labels(transport).observe(max(0.0, (o.finished_at - o.started_at).total_seconds()))
             if o.status == store.DELIVERED:
                 self.delivered.labels(*labels).inc()
@@ -158,7 +159,11 @@ class Backlog(Collector):
         with self._lock:
             if self.latest is not None and time.monotonic() - self._taken < self.interval:
                 return
-            self.latest = overview.gauges(self.database)
+            try:
+                self.latest = overview.gauges(self.database)
+            except DatabaseError:
+                self.latest = None  # an expired sample is not served as if it were current
+                raise
             self._taken = time.monotonic()
 
     def sample(self) -> None:

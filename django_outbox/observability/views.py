@@ -66,15 +66,16 @@ def status_of(figures: overview.Gauges) -> str:
 @never_cache
 @require_safe
 def health(request: HttpRequest) -> HttpResponse:
-    refused = _refused(request)
-    if refused is not None:
-        return refused
     try:
+        # A staff session is looked up in the database too: during an outage that lookup fails first.
+        refused = _refused(request)
+        if refused is not None:
+            return refused
         figures = overview.gauges(get_settings().DATABASE)
     except DatabaseError:
         # A probe asks exactly when things are wrong: an outbox whose database cannot be read delivers
         # nothing. The answer is the JSON a probe parses, not Django's 500 page, and it carries no error
-        # text (a driver's names the host, port and user); the log has it.
+        # text (a driver's names the host, port and user) and no figure; the log has the error.
         logger.warning("health: the outbox database could not be read", exc_info=True)
         return JsonResponse(
             {
@@ -107,7 +108,10 @@ _backlog_lock = threading.Lock()
 def metrics(request: HttpRequest) -> HttpResponse:
     """The backlog gauges in Prometheus' text format, sampled at most every few seconds per process."""
     global _backlog
-    refused = _refused(request)
+    try:
+        refused = _refused(request)  # a staff session's lookup needs the database too
+    except DatabaseError:
+        return _metrics_unreadable()
     if refused is not None:
         return refused
     try:
@@ -124,7 +128,21 @@ def metrics(request: HttpRequest) -> HttpResponse:
         if _backlog is None or _backlog.database != database:
             _backlog = Backlog(database)
         backlog = _backlog
-    backlog.refresh()
+    try:
+        backlog.refresh()
+    except DatabaseError:
+        return _metrics_unreadable()
     registry = CollectorRegistry(auto_describe=False)
     registry.register(backlog)
     return HttpResponse(generate_latest(registry), content_type=CONTENT_TYPE_LATEST)
+
+
+def _metrics_unreadable() -> HttpResponse:
+    """As the health view's: a clear status at once (the scraper's ``up`` goes to 0 and the series are
+    absent, which the alerts watch), no driver text (it names the host and user); the log has it."""
+    logger.warning("metrics: the outbox database could not be read", exc_info=True)
+    return HttpResponse(
+        "the outbox database could not be read (see the django_outbox.health log)\n",
+        status=503,
+        content_type="text/plain; charset=utf-8",
+    )

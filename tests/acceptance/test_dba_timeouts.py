@@ -5,13 +5,16 @@ from __future__ import annotations
 import collections
 import datetime as dt
 import json
+import os
 import subprocess
 import sys
 import time
 from collections.abc import Iterator
+from typing import Any
 
 import pytest
 from django.db import connection
+from django.test.utils import CaptureQueriesContext
 from django.utils import timezone
 
 from django_outbox import outbox
@@ -29,7 +32,9 @@ pytestmark = [
     pytest.mark.slow,
 ]
 
-ROLE = "outbox_dba_timeouts"
+#: A role per test process: roles are the server's, not a database's, and another run's (another xdist
+#: process, another checkout on the same server) would drop it at its teardown under this one's feet.
+ROLE = f"outbox_dba_timeouts_{os.getpid()}"
 TIMEOUTS = {"statement_timeout": "200ms", "lock_timeout": "200ms", "idle_in_transaction_session_timeout": "200ms"}
 
 
@@ -132,3 +137,102 @@ def test_the_overview_stays_within_the_timeouts_with_200000_messages_behind_one_
         "bounded: a lower bound, an upper bound"
     )
     assert data["blocked_keys"][0]["key"] == "stuck" and data["blocked_keys"][0]["waiting_exact"] is False
+
+
+MILLION = """
+INSERT INTO django_outbox_message (uuid, topic, key, payload, headers, status, attempts, max_attempts,
+    available_at, created_at, delivered_at, last_error)
+SELECT gen_random_uuid(), 'probe.t' || (i % 50), CASE WHEN i % 2 = 0 THEN 'k' || (i % 1000) END, '{}'::jsonb,
+       '{}'::jsonb, s.status, CASE WHEN s.status = 'pending' THEN 0 ELSE 1 END, 5,
+       now() - make_interval(secs => (1000000 - i) / 100000.0), now() - interval '1 day',
+       CASE WHEN s.status = 'delivered' THEN now() END, ''
+FROM generate_series(1, 1000000) AS i,
+     LATERAL (SELECT CASE WHEN i % 100 = 0 THEN 'pending' WHEN i % 997 = 0 THEN 'dead' ELSE 'delivered' END
+              AS status) AS s
+"""
+
+
+@pytest.mark.parametrize("statistics", ["analyzed", "none"])
+def test_health_and_metrics_answer_within_the_timeouts_on_a_million_rows(
+    strict_role, client, settings, statistics, caplog
+):
+    """A million rows (10,000 of them due, on a thousand keys, 1,000 dead), read by the health and metrics
+    views over a session of the DBA's role: 200 ms per statement. Freshly analyzed, or never (a new
+    table, or after ``pg_upgrade``): the views answer with their figures, never the timeout's 503."""
+    from django_outbox import store
+    from django_outbox.observability import views
+
+    with connection.cursor() as cursor:
+        cursor.execute(MILLION)
+        if statistics == "analyzed":
+            cursor.execute("ANALYZE django_outbox_message")
+        else:
+            cursor.execute("DELETE FROM pg_statistic WHERE starelid = 'django_outbox_message'::regclass")
+    now = timezone.now()
+    beat = store.WorkerBeat(
+        worker_id="w-1", hostname="host", pid=1, started_at=now, in_flight=0, delivered=0, failed=0,
+        stopped=False, housekeeping_failures=0, housekeeping_error="",
+    )  # fmt: skip
+    store.heartbeat("default", beat)
+    settings.OUTBOX = {**settings.OUTBOX, "HEALTH_TOKEN": "c3" * 20, "ORDERING": "block"}
+    auth = {"HTTP_AUTHORIZATION": "Bearer " + "c3" * 20}
+    saved = dict(connection.settings_dict)
+    connection.close()
+    connection.settings_dict["USER"] = ROLE  # the next connection logs in as the DBA's role
+    views._backlog = None
+    try:
+        with caplog.at_level("WARNING", logger="django_outbox"):
+            health = client.get("/outbox/health/", **auth)
+        metrics = client.get("/outbox/metrics/", **auth)
+        with connection.cursor() as cursor:
+            cursor.execute("SHOW statement_timeout")
+            assert cursor.fetchone() == ("200ms",)
+    finally:
+        connection.close()
+        connection.settings_dict.clear()
+        connection.settings_dict.update(saved)
+        views._backlog = None
+    body = health.json()
+    assert "error" not in body, [r.exc_text or r.getMessage() for r in caplog.records]
+    assert body["workers_alive"] == 1 and body["lag_seconds"] is not None and body["lag_seconds"] < 60, body
+    assert body["blocked_keys"] > 0  # the dead messages with a key: read, not skipped
+    assert (health.status_code, body["status"]) == (200, "ok"), body
+    assert metrics.status_code == 200, metrics.content
+    assert b'outbox_backlog_messages{status="pending"}' in metrics.content
+
+
+def _rows_read(plan: dict[str, Any]) -> int:
+    """The most rows one node of an ``EXPLAIN ANALYZE`` plan produced over all its loops."""
+    own = int(plan.get("Actual Rows", 0)) * int(plan.get("Actual Loops", 1))
+    return max([own, *(_rows_read(child) for child in plan.get("Plans", []))])
+
+
+@pytest.mark.parametrize("statistics", ["analyzed", "none"])
+def test_no_statement_of_the_probes_reads_the_whole_table(settings, statistics):
+    """The probes' counts stop at 10,001 rows; a bitmap scan cannot stop early and reads every entry of the
+    index first (all 989,007 delivered rows of the million, 50 ms here, ten times that at ten million,
+    past a DBA's 200 ms). PostgreSQL plans one when the table has no statistics (new, or restored, or
+    after ``pg_upgrade``). No node of any of the probes' statements may produce a tenth of the table."""
+    settings.OUTBOX = {**settings.OUTBOX, "ORDERING": "block"}
+    with connection.cursor() as cursor:
+        cursor.execute(MILLION)
+        if statistics == "analyzed":
+            cursor.execute("ANALYZE django_outbox_message")
+        else:
+            cursor.execute("DELETE FROM pg_statistic WHERE starelid = 'django_outbox_message'::regclass")
+    with CaptureQueriesContext(connection) as captured:
+        overview.gauges("default")
+    statements = [
+        q["sql"]
+        for q in captured.captured_queries
+        if "django_outbox_message" in q["sql"] and not q["sql"].startswith("EXPLAIN")  # estimates: nothing read
+    ]
+    assert len(statements) >= 5, statements
+    worst = []
+    for sql in statements:
+        with overview.bounded_waits("default"), connection.cursor() as cursor:  # as the probes run them
+            cursor.execute("EXPLAIN (ANALYZE, FORMAT JSON) " + sql)
+            (plan,) = cursor.fetchone()
+        plan = json.loads(plan) if isinstance(plan, str) else plan
+        worst.append((_rows_read(plan[0]["Plan"]), " ".join(sql.split())[:160]))
+    assert max(worst)[0] < 100_000, max(worst)

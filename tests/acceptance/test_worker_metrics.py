@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import re
+import signal
 import socket
 import urllib.request
 
@@ -11,6 +12,7 @@ from prometheus_client.parser import text_string_to_metric_families
 
 from django_outbox import outbox
 from django_outbox.models import Message
+from django_outbox.observability.labels import MAX_TOPIC_LABELS
 from django_outbox.routing import resolve_transport
 from tests.probe.models import Delivery
 from tests.support.processes import WorkerProcess
@@ -158,3 +160,35 @@ def test_multiprocess_mode_serves_every_workers_counts_from_one_port(worker_proc
         )
 
     wait_for(counted, timeout=30)
+
+
+TOPICS = 10_000
+
+
+def test_ten_thousand_topics_keep_the_scrape_bounded(worker_process):
+    """A topic per tenant or per customer, without ``METRICS_TOPIC_LABELS``: every topic a series of each
+    counter, for as long as the worker lives, in every scrape and in the Prometheus server's memory. The
+    label values stay bounded; the topics past the bound count as ``"other"``, so no delivery goes
+    uncounted, and the worker says once which setting names them."""
+    outbox.send_many({"topic": f"probe.tenant-{n}", "payload": {}} for n in range(TOPICS))
+    worker = worker_process(
+        "--metrics-port", "0", "--poll-interval", "0.2", "--batch-size", "500", env={"OUTBOX_LOG_LEVEL": "WARNING"}
+    )
+    url = metrics_url(worker)
+    wait_for(lambda: not Message.objects.exclude(status="delivered").exists(), timeout=240, interval=1.0)
+
+    def delivered(samples: dict[tuple[str, frozenset[tuple[str, str]]], float]) -> float:
+        return sum(v for (name, _), v in samples.items() if name == "outbox_messages_delivered_total")
+
+    wait_for(lambda: delivered(scrape(url)) == TOPICS, timeout=30)
+    with urllib.request.urlopen(url, timeout=10) as response:
+        size = len(response.read())
+    samples = scrape(url)
+    topics = {dict(labels)["topic"] for (name, labels) in samples if name == "outbox_messages_delivered_total"}
+    assert len(topics) <= MAX_TOPIC_LABELS + 1, f"{len(topics)} label values, a scrape of {size:,} bytes"
+    assert "other" in topics
+    assert delivered(samples) == TOPICS  # counted, every one
+    assert size < 1_000_000, size
+    worker.proc.send_signal(signal.SIGTERM)
+    _, output = worker.wait(timeout=30)
+    assert output.count("METRICS_TOPIC_LABELS") == 1, output

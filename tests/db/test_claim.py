@@ -295,3 +295,111 @@ def test_the_claims_cost_does_not_grow_with_the_backlog_behind_a_few_keys(postgr
         assert "outbox_msg_unkeyed_idx" in plan, plan
         read.append(pages)
     assert read[1] < 2 * read[0] + 100, f"pages read by one claim at 5,000 and 50,000 pending: {read}"
+
+
+# --- the claim's plan after the statistics or the indexes change ------------------------------------------
+# The worker's claim (autocommit, in the walking plan's pipeline, prepared) must walk the pending index
+# whatever the statistics say, and whatever index a project adds to the table in a migration of its own.
+
+MILLION_ARRIVE = """
+INSERT INTO django_outbox_message (uuid, topic, key, payload, headers, status, attempts, max_attempts,
+    available_at, created_at, last_error)
+SELECT gen_random_uuid(), 'probe.t' || (i %% 20), CASE WHEN i %% 3 = 0 THEN 'key-' || (i %% 5000) END, '{}'::jsonb,
+       '{}'::jsonb, 'pending', 0, 5, now() - interval '1 hour', now() - interval '1 hour', ''
+FROM generate_series(1, %s) AS i
+"""
+
+
+def _walks_the_pending_index(plan: str) -> None:
+    for shape in ("Seq Scan", "Bitmap", "Hash Join", "Merge"):
+        assert shape not in plan, plan
+    for sort in (line for line in plan.splitlines() if "Sort  (" in line):  # a batch's, never the backlog
+        assert int(sort.split("rows=")[1].split()[0]) <= 300, plan
+    assert "Index Scan using outbox_msg_pending_idx on django_outbox_message c" in plan, plan
+
+
+def _the_workers_claim_plans() -> list[str]:
+    """The plan of the claim as the worker runs it (walking plan, autocommit), then the generic plan its
+    prepared statement keeps after claims on a fresh session; each claim takes 100 messages in id order."""
+    sql, params = store.claim_sql(connection, worker="w", limit=100, lease_seconds=60)
+    with connection.cursor() as cursor, claiming.walking_plan(connection):
+        cursor.execute("EXPLAIN " + sql, params)
+        walking = "\n".join(row[0] for row in cursor.fetchall())
+    connection.close()
+    for _ in range(7):
+        claimed = store.claim("default", worker="w", limit=100, lease_seconds=60)
+        assert len(claimed) == 100 and [m.id for m in claimed] == sorted(m.id for m in claimed)
+    name, generic, custom = _claim_statement()
+    assert generic >= 1, f"planned afresh every time: {custom} custom plans"
+    with transaction.atomic(), connection.cursor() as cursor:
+        cursor.execute("SET LOCAL plan_cache_mode = force_generic_plan")
+        cursor.execute(f"EXPLAIN EXECUTE \"{name}\"('', '', '', 'w', 60.0)")
+        kept = "\n".join(row[0] for row in cursor.fetchall())
+    return [walking, kept]
+
+
+@pytest.mark.slow
+def test_statistics_of_100_rows_then_a_million_arrive_the_claim_still_walks(postgres):
+    """Analyzed while the table held 100 messages (a new deployment), then a million arrive before
+    autovacuum analyzes it again: the statistics are off by four orders of magnitude."""
+    with connection.cursor() as cursor:
+        cursor.execute(MILLION_ARRIVE, [100])
+        cursor.execute("ANALYZE django_outbox_message")
+        cursor.execute(MILLION_ARRIVE, [1_000_000])
+    for plan in _the_workers_claim_plans():
+        _walks_the_pending_index(plan)
+
+
+@pytest.mark.slow
+def test_statistics_of_a_million_pending_then_100_left_the_claim_still_walks(postgres):
+    """The reverse: analyzed with a million messages pending, then all but 700 delivered (a backlog
+    drained) before the next analyze; the statistics say a million pending."""
+    with connection.cursor() as cursor:
+        cursor.execute(MILLION_ARRIVE, [1_000_000])
+        cursor.execute("ANALYZE django_outbox_message")
+        cursor.execute(
+            "UPDATE django_outbox_message SET status = 'delivered', attempts = 1, delivered_at = now()"
+            " WHERE id > (SELECT min(id) + 700 FROM django_outbox_message)"
+        )
+    for plan in _the_workers_claim_plans():
+        _walks_the_pending_index(plan)
+
+
+@pytest.mark.slow
+def test_statistics_deleted_on_a_million_rows_the_claim_still_walks(postgres):
+    """A million rows, 10,000 of them pending, and no statistics at all (``pg_upgrade`` keeps none)."""
+    with connection.cursor() as cursor:
+        cursor.execute(MILLION_ARRIVE, [1_000_000])
+        cursor.execute(
+            "UPDATE django_outbox_message SET status = 'delivered', attempts = 1, delivered_at = now()"
+            " WHERE id % 100 <> 0"
+        )
+        cursor.execute("DELETE FROM pg_statistic WHERE starelid = 'django_outbox_message'::regclass")
+    for plan in _the_workers_claim_plans():
+        _walks_the_pending_index(plan)
+
+
+@pytest.mark.parametrize(
+    "fields",
+    [["topic"], ["created_at"], ["status", "available_at"], ["available_at"], ["status", "id"]],
+    ids=lambda f: "-".join(f),
+)
+def test_an_index_a_project_adds_in_its_own_migration_leaves_the_claim_walking(postgres, fields):
+    """A project's own migration adds an index on the message table (to filter by topic, or by date, in
+    a report): the claim keeps walking the pending index rather than take the new one."""
+    from django.db import models
+
+    from django_outbox.models import Message
+
+    index = models.Index(fields=fields, name="project_msg_" + "_".join(fields)[:20])
+    with connection.schema_editor() as editor:
+        editor.add_index(Message, index)
+    try:
+        with connection.cursor() as cursor:
+            cursor.execute(BACKLOG)
+            cursor.execute("ANALYZE django_outbox_message")
+        for plan in _the_workers_claim_plans():
+            _walks_the_pending_index(plan)
+    finally:
+        with connection.schema_editor() as editor:
+            editor.remove_index(Message, index)

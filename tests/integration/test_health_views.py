@@ -276,3 +276,68 @@ def test_health_answers_503_json_when_the_database_cannot_be_read(client, settin
     assert set(body) == {"status", "lag_seconds", "blocked_keys", "workers_alive", "error"}
     assert "127.0.0.1" not in json.dumps(body) and "sqlite3" not in json.dumps(body)  # no connection details
     assert any("health" in r.getMessage() for r in caplog.records)
+
+
+def test_metrics_answers_503_at_once_when_the_database_cannot_be_read(client, settings, unreachable_database, caplog):
+    """A scrape during an outage gets a clear status (the scraper's ``up`` goes to 0 and every series is
+    absent), not Django's 500 page or a traceback, and without the driver's text (host, port, user)."""
+    settings.OUTBOX = {**settings.OUTBOX, "HEALTH_TOKEN": TOKEN}
+    with caplog.at_level(logging.WARNING, logger="django_outbox"):
+        response = client.get(METRICS, **bearer())
+    assert response.status_code == 503
+    assert response["Content-Type"].startswith("text/plain")
+    body = response.content.decode()
+    assert "could not be read" in body
+    assert "outbox_lag_seconds" not in body  # no stale figure served as if it were current
+    assert "127.0.0.1" not in body and "sqlite3" not in body and "Traceback" not in body
+    assert any("metrics" in r.getMessage() for r in caplog.records)
+
+
+def test_a_stale_sample_is_not_served_once_the_database_is_gone(client, settings, tmp_path, caplog):
+    """A web process that sampled before the outage must not keep answering with that sample once it has
+    expired: the figures would say all is well while nothing can be read."""
+    from django.db import connection
+
+    from tests.support.servers import free_port
+
+    settings.OUTBOX = {**settings.OUTBOX, "HEALTH_TOKEN": TOKEN}
+    beat()
+    assert client.get(METRICS, **bearer()).status_code == 200
+    assert views._backlog is not None
+    views._backlog._taken -= views._backlog.interval  # the sample has expired
+    saved = dict(connection.settings_dict)
+    connection.close()
+    if connection.vendor == "sqlite":
+        connection.settings_dict["NAME"] = str(tmp_path / "missing" / "db.sqlite3")
+    else:
+        connection.settings_dict["HOST"], connection.settings_dict["PORT"] = "127.0.0.1", str(free_port())
+    try:
+        with caplog.at_level(logging.WARNING, logger="django_outbox"):
+            response = client.get(METRICS, **bearer())
+    finally:
+        connection.close()
+        connection.settings_dict.clear()
+        connection.settings_dict.update(saved)
+    assert response.status_code == 503
+    assert b"outbox_workers_alive" not in response.content
+
+
+@pytest.fixture
+def staff_client(client):
+    """A client with an active staff session, stored in the database before the outage."""
+    client.force_login(User.objects.create_user("ops", is_staff=True))
+    return client
+
+
+def test_a_staff_session_during_an_outage_gets_the_503_not_a_500(staff_client, unreachable_database, caplog):
+    """Operators open the probes with their staff session, whose lookup needs the database: during an
+    outage that lookup fails before any figure is read. The answer is the probes' 503 (no figure: who
+    asks cannot be told), not Django's 500 page with the driver's error."""
+    with caplog.at_level(logging.WARNING, logger="django_outbox"):
+        health = staff_client.get(HEALTH)
+        metrics = staff_client.get(METRICS)
+    assert health.status_code == 503
+    body = health.json()
+    assert body["status"] == "stalled" and body["lag_seconds"] is None and "could not be read" in body["error"]
+    assert metrics.status_code == 503 and b"could not be read" in metrics.content
+    assert b"127.0.0.1" not in health.content + metrics.content

@@ -10,7 +10,7 @@ from django.test import override_settings
 
 from django_outbox.conf import get_settings
 from django_outbox.exceptions import OutboxImproperlyConfigured
-from django_outbox.observability.labels import OTHER, check_address, topic_label
+from django_outbox.observability.labels import MAX_TOPIC_LABELS, OTHER, TopicLabels, check_address, topic_label
 from tests.support.checks import outbox_errors
 
 TOKEN = "t" * 32
@@ -34,6 +34,20 @@ def test_patterns_bound_the_topic_label():
         assert {topic_label(f"tenant-{n}.x") for n in range(1000)} == {OTHER}
     with override_settings(OUTBOX={"METRICS_TOPIC_LABELS": []}):
         assert topic_label("orders.created") == OTHER  # an empty list: one series per transport
+
+
+def test_without_patterns_a_registrys_topic_labels_are_bounded(caplog):
+    """One label value per topic, up to ``MAX_TOPIC_LABELS`` per registry: the topics after them count as
+    ``"other"``, the ones already counted keep their name, and the warning comes once."""
+    labels = TopicLabels()
+    with caplog.at_level("WARNING", logger="django_outbox"):
+        values = {labels(f"tenant-{n}.x") for n in range(10_000)}
+    assert len(values) == MAX_TOPIC_LABELS + 1 and OTHER in values
+    assert labels("tenant-0.x") == "tenant-0.x"
+    assert len(caplog.records) == 1 and "METRICS_TOPIC_LABELS" in caplog.records[0].getMessage()
+    assert TopicLabels()("tenant-9999.x") == "tenant-9999.x"  # another registry, its own bound
+    with override_settings(OUTBOX={"METRICS_TOPIC_LABELS": ["tenant-*"]}):
+        assert {labels(f"tenant-{n}.x") for n in range(10_000)} == {"tenant-*"}
 
 
 @pytest.mark.parametrize(

@@ -119,6 +119,7 @@ class Command(BaseCommand):
             until_empty=options["until_empty"] or None,
             handler_timeout=options["handler_timeout"],
         )
+        self._refuse_a_server_it_cannot_rely_on(config.database)
         metrics = self._metrics_server(config, options)
         observers = [*self._tracers(), *([metrics.observer] if metrics else [])]
         relay = Relay(config, observers=observers)
@@ -173,6 +174,23 @@ class Command(BaseCommand):
         logging.getLogger("django_outbox.relay").info("serving metrics on %s", where)
         if verbosity >= 1:
             self.stdout.write(f"metrics on {where}")
+
+    def _refuse_a_server_it_cannot_rely_on(self, alias: str) -> None:
+        """MariaDB/MySQL: the database checks (E110-E115) for the worker's own database, before it starts.
+
+        Django's commands run only the checks that need no database; under one of these findings a
+        worker delivered without ever showing up alive (``EMPTY_STRING_IS_NULL``: its heartbeat could not
+        be written), or claimed what it should not. One query; other databases have no such check.
+        """
+        from django.db import connections
+
+        from django_outbox.checks import mysql_findings
+
+        if connections[alias].vendor != "mysql":
+            return
+        errors = [e for e in mysql_findings(alias) if e.is_serious() and e.id not in settings.SILENCED_SYSTEM_CHECKS]
+        if errors:
+            raise CommandError("\n".join(f"{e.id}: {e.msg}\n\tHINT: {e.hint}" for e in errors))
 
     def _warn_if_eager(self) -> None:
         """Say loudly that ``OUTBOX["EAGER"]`` is on: test settings where a worker runs.
