@@ -167,9 +167,9 @@ def test_a_broker_that_answers_late_fails_the_attempts_in_time_and_loses_nothing
         if attempt.number == 1:
             assert "Message timed out" in attempt.error or "no delivery report within" in attempt.error
     retried = {str(a.message.uuid) for a in failed}
-    # PostgreSQL and SQLite claim a key's run and hand it to the producer in one batch: each of the run is
-    # attempted (and, before the run's records were all written, some were released with no attempt row,
-    # so their second copy had nothing in the audit to explain it); MariaDB claims a key's first message
+    # A claim takes a key's run and hands it to the producer in one batch: each of the run is attempted
+    # (and, before the run's records were all written, some were released with no attempt row, so their
+    # second copy had nothing in the audit to explain it)
     assert retried and retried <= {str(m.uuid) for m in late}
     seen = Counter(r.message_id for _, r in read_topic(broker, topic, at_least=21))
     assert set(seen) == {str(m.uuid) for m in first + late}, "a message is missing from the topic"
