@@ -9,10 +9,14 @@ is open (pending, processing or dead), an empty string while an unkeyed one is p
 empty), NULL otherwise.
 
 The column is added in place (a virtual column takes no storage and no table copy) and the index is built
-``ALGORITHM=INPLACE, LOCK=NONE``: the server refuses rather than block ``send()`` or the claims. Nothing
-happens on PostgreSQL or SQLite. The previous release's code neither reads nor writes the column.
+``ALGORITHM=INPLACE, LOCK=NONE``: the server refuses rather than block ``send()`` or the claims. But every
+status change touches the column, and InnoDB applies the changes logged during the build under a lock at
+its end: on a large table with workers draining, ``send()`` waited 13 s at 10,000,000 messages (40 ms
+with the workers stopped; docs/upgrading.md). The migration says so in the log when the table is large.
+Nothing happens on PostgreSQL or SQLite. The previous release's code neither reads nor writes the column.
 """
 
+import logging
 from typing import Any
 
 from django.db import migrations
@@ -21,11 +25,29 @@ from django_outbox.store.mysql import CLAIM_KEY_COLUMN, CLAIM_KEY_INDEX, claim_k
 
 TABLE = "django_outbox_message"
 ONLINE = "ALGORITHM=INPLACE, LOCK=NONE"
+#: Rows (the server's estimate) above which the build's final lock is long if workers drain meanwhile.
+LARGE = 1_000_000
+
+logger = logging.getLogger("django_outbox.migrations")
 
 
 def add(apps: Any, schema_editor: Any) -> None:
     if schema_editor.connection.vendor != "mysql":
         return
+    if not schema_editor.collect_sql:
+        with schema_editor.connection.cursor() as cursor:
+            cursor.execute(
+                "SELECT table_rows FROM information_schema.tables WHERE table_schema = DATABASE() AND table_name = %s",
+                [TABLE],
+            )
+            row = cursor.fetchone()
+        if row is not None and int(row[0] or 0) > LARGE:
+            logger.warning(
+                "building the claim's index on about %s messages: with outbox workers draining meanwhile, "
+                "send() can wait seconds at the build's end; stop the workers while this migration runs "
+                "(docs/upgrading.md)",
+                f"{int(row[0]):,}",
+            )
     schema_editor.execute(f"ALTER TABLE {TABLE} ADD COLUMN {claim_key_column_sql(schema_editor.connection)}, {ONLINE}")
     schema_editor.execute(f"ALTER TABLE {TABLE} ADD INDEX {CLAIM_KEY_INDEX} ({CLAIM_KEY_COLUMN}), {ONLINE}")
 

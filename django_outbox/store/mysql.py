@@ -399,9 +399,24 @@ def claim_runs(
     with conn.cursor() as cursor:
         cursor.execute(_keys_sql(bound), [after_key, after_key])
         keys = [(str(row[0]), int(row[1])) for row in cursor.fetchall()][:bound]
+    if not keys:  # no key is open: the unkeyed messages, walked and locked in one statement
+        return _lease(
+            alias,
+            conn,
+            f"SELECT {', '.join('c.' + c for c in COLUMN_NAMES)}{clock} FROM {MESSAGE} AS c"
+            f" FORCE INDEX ({index}) WHERE c.{col} = {UNKEYED} AND c.available_at <= {now}{c_topics}"
+            f" ORDER BY c.id LIMIT {limit} FOR UPDATE SKIP LOCKED",
+            [*now_params, *c_params],
+            None,
+            worker=worker,
+            lease=lease_seconds,
+            host_now=None if server_clock else host_now,
+            attempts_max=attempts_max,
+        )
+    with conn.cursor() as cursor:
         parts: list[str] = []
         params: list[Any] = []
-        heads: dict[int, str | None] = {}
+        heads: dict[int, str] = {}
         if len(keys) > limit // HEADS_ONLY_SHARE and set(blocking) == set(OPEN_STATUSES):
             # Many keys: a batch is their heads (the oldest of them), which the scan read off the index;
             # the lock below asks each whether it can be claimed. Reading runs too cost a statement part
@@ -409,13 +424,17 @@ def claim_runs(
             heads = {head: key for key, head in keys}
         elif keys:
             b_topics, b_params = topic_filter(topics, column="b.topic", escape=LIKE_ESCAPE)
-            per_key = max(1, min(int(cap), -(-2 * limit // len(keys))))
-            parts += [
-                f"(SELECT b.id, b.{col}, b.status = {literal(PENDING)} AND b.available_at <= {now}{b_topics}"
-                f" FROM {MESSAGE} AS b FORCE INDEX ({index}) WHERE b.{col} = %s"
-                f" AND b.status IN ({', '.join(map(literal, blocking))}) ORDER BY b.id LIMIT {per_key})"
-            ] * len(keys)
-            params += [value for key, _ in keys for value in (*now_params, *b_params, key)]
+            # The first key from the cursor gets a whole run (the batch goes to it first, so a second
+            # worker finds the next keys free); the others up to twice their share of the batch.
+            share = max(1, min(int(cap), -(-2 * limit // len(keys))))
+            for rank, (key, _) in enumerate(keys):
+                parts.append(
+                    f"(SELECT b.id, b.{col}, b.status = {literal(PENDING)} AND b.available_at <= {now}{b_topics}"
+                    f" FROM {MESSAGE} AS b FORCE INDEX ({index}) WHERE b.{col} = %s"
+                    f" AND b.status IN ({', '.join(map(literal, blocking))}) ORDER BY b.id"
+                    f" LIMIT {int(cap) if rank == 0 else share})"
+                )
+                params += [*now_params, *b_params, key]
         due = f"c.available_at <= {now}{c_topics}"
         parts.append(
             f"(SELECT c.id, NULL, 1 FROM {MESSAGE} AS c FORCE INDEX ({index}) WHERE c.{col} = {UNKEYED} AND {due}"
@@ -424,52 +443,98 @@ def claim_runs(
         params += [*now_params, *c_params]
         if len(keys) >= bound:  # more keys are open than the scan visits: the oldest heads, as without runs
             parts.append(
-                f"(SELECT c.id, c.key, 1 FROM {MESSAGE} AS c FORCE INDEX ({CLAIM_INDEX})"
+                f"(SELECT c.id, c.key, 2 FROM {MESSAGE} AS c FORCE INDEX ({CLAIM_INDEX})"
                 f" WHERE c.status = {literal(PENDING)} AND {due} AND c.key IS NOT NULL"
                 f" AND NOT {_open_before('c', blocking)} ORDER BY c.id LIMIT {limit})"
             )
             params += [*now_params, *c_params]
         cursor.execute(" UNION ALL ".join(parts), params)
         rows = cursor.fetchall()
-    candidates: dict[int, str | None] = dict(heads)  # id: key (None: unkeyed)
+    # The keyed candidates, key by key from the cursor (a key's run in id order, kept while each message can
+    # be claimed), then the heads, oldest first; the batch is the oldest of them and of the unkeyed ones.
+    runs: dict[str, list[int]] = {key: [] for key, _ in keys}
     stopped: set[str] = set()
+    unkeyed: list[int] = []
+    others: list[tuple[int, str]] = sorted(heads.items())
     for message_id, row_key, ok in sorted(rows, key=lambda row: int(row[0])):
         if row_key is None:
-            candidates[int(message_id)] = None
-        elif row_key not in stopped:  # a run: its key's messages in id order, kept while each can be claimed
+            unkeyed.append(int(message_id))
+        elif ok == 2:  # a head found by the walk of the pending rows
+            others.append((int(message_id), str(row_key)))
+        elif row_key not in stopped:
             if ok:
-                candidates[int(message_id)] = str(row_key)
+                runs[str(row_key)].append(int(message_id))
             else:
                 stopped.add(str(row_key))
-    picked = sorted(candidates)[: int(limit)]
+    candidates: dict[int, str | None] = {}
+    for key, run in runs.items():
+        candidates.update((message_id, key) for message_id in run[: max(0, limit - len(candidates))])
+    for message_id, key in sorted(others):
+        if len(candidates) >= limit:
+            break
+        candidates.setdefault(message_id, key)
+    candidates.update((message_id, None) for message_id in unkeyed)
+    picked = sorted(candidates)[:limit]
     if not picked:
         return []
+    return _lease(
+        alias,
+        conn,
+        f"SELECT {', '.join('c.' + c for c in COLUMN_NAMES)}{clock} FROM {MESSAGE} AS c"
+        f" WHERE c.id IN ({', '.join(['%s'] * len(picked))}) AND c.status = {literal(PENDING)}"
+        f" AND c.available_at <= {now}{c_topics} FOR UPDATE SKIP LOCKED",
+        [*picked, *now_params, *c_params],
+        [(message_id, candidates[message_id]) for message_id in picked],
+        worker=worker,
+        lease=lease_seconds,
+        host_now=None if server_clock else host_now,
+        attempts_max=attempts_max,
+    )
+
+
+def _lease(
+    alias: str,
+    conn: BaseDatabaseWrapper,
+    select: str,
+    params: list[Any],
+    picked: list[tuple[int, str | None]] | None,
+    *,
+    worker: str,
+    lease: float,
+    host_now: dt.datetime | None,
+    attempts_max: int,
+) -> list[Message]:
+    """Lock the rows ``select`` reads (``FOR UPDATE SKIP LOCKED``, the server's clock last unless
+    ``host_now``), lease them by id and commit: the claim's one short transaction.
+
+    ``picked``: the candidates in id order with their keys; a key's messages are kept only as far as each
+    one before them was locked. None: every row locked is kept.
+    """
     status_at = COLUMN_NAMES.index("status")
     attempts_at = COLUMN_NAMES.index("attempts")
     locked_by_at = COLUMN_NAMES.index("locked_by")
     locked_until_at = COLUMN_NAMES.index("locked_until")
     with transaction.atomic(using=alias), conn.cursor() as cursor:
-        cursor.execute(
-            f"SELECT {', '.join('c.' + c for c in COLUMN_NAMES)}{clock} FROM {MESSAGE} AS c"
-            f" WHERE c.id IN ({', '.join(['%s'] * len(picked))}) AND c.status = {literal(PENDING)}"
-            f" AND c.available_at <= {now}{c_topics} FOR UPDATE SKIP LOCKED",
-            [*picked, *now_params, *c_params],
-        )
-        locked = {int(r[0]): list(r) for r in cursor.fetchall()}
-        kept: list[list[Any]] = []
-        broken: set[str] = set()
-        for message_id in picked:  # in id order: a key's messages after one not locked are not kept
-            key = candidates[message_id]
-            row = locked.get(message_id)
-            if key is not None and (key in broken or row is None):
-                broken.add(key)
-                continue
-            if row is not None:
-                kept.append(row)
+        cursor.execute(select, params)
+        rows = [list(r) for r in cursor.fetchall()]
+        if picked is None:
+            kept = rows
+        else:
+            locked = {int(r[0]): r for r in rows}
+            kept = []
+            broken: set[str] = set()
+            for message_id, of_key in picked:  # in id order: a key's messages after one not locked are not kept
+                row = locked.get(message_id)
+                if of_key is not None and (of_key in broken or row is None):
+                    broken.add(of_key)
+                    continue
+                if row is not None:
+                    kept.append(row)
         if not kept:
             return []
-        lease = dt.timedelta(seconds=lease_seconds)
-        until = kept[0][-1] + lease if server_clock else _as_stored(conn, host_now + lease)
+        until = kept[0][-1] + dt.timedelta(seconds=lease) if host_now is None else None
+        if host_now is not None:
+            until = _as_stored(conn, host_now + dt.timedelta(seconds=lease))
         ids = [r[0] for r in kept]
         cursor.execute(
             f"UPDATE {MESSAGE} SET status = {literal(PROCESSING)}, locked_by = %s, locked_until = %s,"
@@ -478,7 +543,7 @@ def claim_runs(
             [worker, until, *ids],
         )
     for r in kept:
-        if server_clock:
+        if host_now is None:
             del r[-1]
         r[status_at] = PROCESSING
         r[attempts_at] = r[attempts_at] + 1 if r[attempts_at] < attempts_max else r[attempts_at]
