@@ -1,4 +1,4 @@
-"""bench/run.py's MariaDB section (issue 20): the drain and send() on MariaDB, each beside its hand-written floor.
+"""bench/run.py's MariaDB section: the drain and send() on MariaDB, each beside its hand-written floor.
 
 The database is ``MARIADB_URL`` (default :data:`DEFAULT_URL`), a database of the benchmark's own: it is
 created if needed, migrated and emptied as the section goes. The harness process stays on PostgreSQL's

@@ -1,4 +1,4 @@
-"""MariaDB: the cost of ``send()`` beside a hand-written floor, measured in the same run (issue 20).
+"""MariaDB: the cost of ``send()`` beside a hand-written floor, measured in the same run.
 
     DATABASE_URL=mysql://root@127.0.0.1:3306/bench_outbox python bench/mariadb_send.py [--transactions 1000]
         [--reps 3] [--output FILE]
@@ -15,7 +15,7 @@ at a database of its own. Each transaction is the business write (an order) plus
 
 The kinds are interleaved one transaction at a time (the order reversed every other round), so each sees
 the same load of a shared machine; the figures are ratios of median transaction times, per repetition,
-and their median over the repetitions. The target (issue 20): ``send`` at most 1.1x its floor.
+and their median over the repetitions. The target: ``send`` at most 1.1x its floor.
 """
 
 from __future__ import annotations

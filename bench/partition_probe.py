@@ -1,4 +1,4 @@
-"""Partitioning the message table by status, measured on twin tables before deciding (issue 19).
+"""Partitioning the message table by status, measured on twin tables before deciding.
 
     python bench/partition_probe.py [--dsn postgres://postgres@127.0.0.1:5432/bench_partition] [--batches 200]
 

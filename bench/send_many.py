@@ -1,4 +1,4 @@
-"""``outbox.send_many()``: 100 messages in one business transaction against one ``send()`` (issue 19 point 5).
+"""``outbox.send_many()``: 100 messages in one business transaction against one ``send()``.
 
     python bench/send_many.py [--transactions 200] [--reps 5] [--database default|sqlite]
 

@@ -6,7 +6,7 @@ Each run starts ``manage.py outbox_worker`` (PostgreSQL: its ``default`` databas
 ``sqlite`` database, polling), waits until it is idle, sends SIGTERM and times the exit; the reference is
 ``manage.py bench_idle`` (bench/noop), a command of the same process layout that opens its connection
 and only waits for the signal, so what is left is what the worker itself adds. Medians of the runs, in
-seconds, and the ratio to the reference; the target is 0.5 s for the worker (issue 18).
+seconds, and the ratio to the reference; the target is 0.5 s for the worker.
 """
 
 from __future__ import annotations

@@ -1,6 +1,6 @@
 """Django tasks: django-tasks-db's workload against ``django_outbox.tasks.OutboxBackend``, same run.
 
-The workload of the peer benchmark (issue 21): N no-op tasks, each enqueued with a business row in one
+The workload of the peer benchmark: N no-op tasks, each enqueued with a business row in one
 committed transaction, drained by 1 and by 4 idle worker processes (``db_worker`` for django-tasks-db,
 ``outbox_worker`` for the outbox). Each figure is the median of the repetitions, the two systems taking
 turns to go first; both on the same PostgreSQL server, in databases of their own.

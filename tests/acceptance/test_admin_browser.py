@@ -167,7 +167,7 @@ def test_operator_retries_a_dead_message_and_a_worker_delivers_it(browser, live_
         assert (screenshots / name).stat().st_size > 10_000
 
 
-# --- issue 18: the console reads as Django's own, on 5.2 and 6.x -----------------------------------
+# --- the console reads as Django's own, on 5.2 and 6.x -----------------------------------
 
 ISO_WHEN = re.compile(r"\b\d{4}-\d{2}-\d{2} \d{2}:\d{2}:\d{2}\b")
 #: Django's default DATETIME_FORMAT in English ("Jan. 5, 2026, 6:41 a.m."): a second format on the page.

@@ -1,4 +1,4 @@
-"""The account takeover of issue 15, tried for real: a view-only helpdesk user, a real Chromium, a live
+"""The account takeover, tried for real: a view-only helpdesk user, a real Chromium, a live
 server, Django's own ``PasswordResetView``, a real worker sending to a real SMTP server.
 
 The helpdesk user walks every outbox admin page and must find the reset token nowhere, neither in the

@@ -1,4 +1,4 @@
-"""docs/quickstart.md, run word for word in a brand-new ``startproject`` (issue 18 point 2).
+"""docs/quickstart.md, run word for word in a brand-new ``startproject``.
 
 Each block of the page is taken from the Markdown as it is: a ``python`` or ``ini`` block names its file
 on its first line (``# orders/views.py``; ``(continued)``, ``(add at the end)``, ``(SQLite)`` or
@@ -120,7 +120,7 @@ def test_every_block_is_followed() -> None:
 
 def test_the_first_message_has_no_key_and_keys_come_with_their_cost():
     """Keyed messages cost latency (docs/ordering.md): the page sends without a key first, then says what a
-    key costs and when to use one (issue 18 point 8)."""
+    key costs and when to use one."""
     sends = [line for _, text in blocks() for line in text.splitlines() if "outbox.send(" in line]
     assert sends and "key=" not in sends[0], sends
     assert any("key=" in line for line in sends[1:]), "the page shows a keyed message too"

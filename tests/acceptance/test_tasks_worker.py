@@ -1,4 +1,4 @@
-"""Django tasks run by real ``outbox_worker`` processes (issue 21): enqueued in a committed transaction
+"""Django tasks run by real ``outbox_worker`` processes: enqueued in a committed transaction
 here, run there, results read back here. Django 6.x only, and deliberately not marked slow: the slow
 suites run only in the Django 5.2 cells, where the backend cannot exist."""
 

@@ -1,4 +1,4 @@
-"""``OUTBOX["EAGER"] = True`` (issue 18 point 6): ``send()`` delivers at commit, in process, for tests."""
+"""``OUTBOX["EAGER"] = True``: ``send()`` delivers at commit, in process, for tests."""
 
 from __future__ import annotations
 

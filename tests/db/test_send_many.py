@@ -1,4 +1,4 @@
-"""``outbox.send_many()`` (issue 19 point 5): many messages in one ``INSERT``, with ``send()``'s validation,
+"""``outbox.send_many()``: many messages in one ``INSERT``, with ``send()``'s validation,
 idempotency, per-key order, key locks and one ``NOTIFY`` per transaction."""
 
 from __future__ import annotations

@@ -283,7 +283,7 @@ def _housekeeping_traceback() -> str:
 
 
 def test_a_failing_housekeeping_round_reads_as_its_exceptions_line():
-    """Not the note the traceback ends with, nor its first frames (issue 18 point 3's rule, in a terminal)."""
+    """Not the note the traceback ends with, nor its first frames (the admin's rule, in a terminal)."""
     worker = beat("a:1:x", seconds_ago=1)
     Worker.objects.filter(pk=worker.pk).update(housekeeping_error=_housekeeping_traceback(), housekeeping_failures=3)
     text = status()

@@ -1,4 +1,4 @@
-"""The Django tasks backend (issue 21): Django's own task API through the outbox, on Django 6.x.
+"""The Django tasks backend: Django's own task API through the outbox, on Django 6.x.
 
 The behaviours Django's own tests/tasks/ check of its dummy and immediate backends (enqueueing,
 arguments, results, errors, signals, validation), here against ``OutboxBackend``, with the worker's

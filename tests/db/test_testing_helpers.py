@@ -1,4 +1,4 @@
-"""The helpers users test their own code with (issue 18 point 6): outbox_messages, the mixin, relay_all()."""
+"""The helpers users test their own code with: outbox_messages, the mixin, relay_all()."""
 
 from __future__ import annotations
 

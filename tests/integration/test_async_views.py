@@ -1,4 +1,4 @@
-"""``await outbox.asend()`` in ``async def`` views, served by a real uvicorn process (issue 21 point 5).
+"""``await outbox.asend()`` in ``async def`` views, served by a real uvicorn process.
 
 The server runs the tests' own ASGI application (``tests.asgi``) on the test database, on a free loopback
 port; the requests come concurrently from ``httpx.AsyncClient``.

@@ -1,4 +1,4 @@
-"""The admin's one-line summary of an attempt's error: the exception's own line (issue 18 point 3).
+"""The admin's one-line summary of an attempt's error: the exception's own line.
 
 Each case raises a real exception and stores it as the worker does (``describe_error``), so the summary
 is read from the text an operator's admin really holds.

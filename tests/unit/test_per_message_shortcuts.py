@@ -1,4 +1,4 @@
-"""The worker's per-message shortcuts (issue 19, Must show 6) answer exactly what the long way did."""
+"""The worker's per-message shortcuts answer exactly what the long way did."""
 
 from __future__ import annotations
 

@@ -1,4 +1,4 @@
-"""The README's first screen, in the order a new user needs it (issue 18 point 1).
+"""The README's first screen, in the order a new user needs it.
 
 What the project is and what it guarantees, then how to install it while it is not on the package index
 (from a checkout, or a wheel built from one: the commands were tried in fresh virtualenvs), with the
@@ -62,7 +62,7 @@ def test_the_two_commands_follow_the_install():
 
 def test_the_first_example_sends_without_a_key():
     """Keyed messages cost latency (docs/ordering.md): the example a reader copies first has no key,
-    as the quickstart's (issue 18 point 8)."""
+    as the quickstart's."""
     use = section("Use")
     first_send = next(line for line in use.splitlines() if "outbox.send(" in line)
     assert "key=" not in first_send, first_send

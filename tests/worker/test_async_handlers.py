@@ -1,4 +1,4 @@
-"""``async def`` handlers, and handlers returning an awaitable, are awaited (issue 15, defect 2).
+"""``async def`` handlers, and handlers returning an awaitable, are awaited.
 
 In the worker (its delivery threads, with and without the handler timeout, and a real worker process)
 and in ``relay_all()``, where an async handler's ORM calls must run on the caller's connection and so

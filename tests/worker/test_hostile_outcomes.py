@@ -1,4 +1,4 @@
-"""No single message can stop a worker (issue 15, defect 1).
+"""No single message can stop a worker.
 
 Whatever a destination answers, whatever a handler raises and whatever the stored row holds, the
 outcome is recorded as a failed attempt with its reason, the retry time stays bounded, and the

@@ -42,8 +42,8 @@ def test_overview_lists_keys_blocked_by_a_dead_message(admin_client):
 
 
 def test_the_overviews_lag_leaves_out_a_key_blocked_by_a_dead_message(admin_client):
-    """A message waiting ten minutes behind its key's dead head is the blocked keys' section's, not lag
-    (issue 18 point 4); a claimable message's wait is lag, and the page shows both apart."""
+    """A message waiting ten minutes behind its key's dead head is the blocked keys' section's, not lag;
+    a claimable message's wait is lag, and the page shows both apart."""
     ago = timezone.now() - dt.timedelta(minutes=10)
     dead = MessageFactory.create(key="order-7", status="dead", created_at=ago, available_at=ago)
     MessageFactory.create(key="order-7", status="pending", created_at=ago, available_at=ago)

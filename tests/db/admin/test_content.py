@@ -1,6 +1,6 @@
 """Who may read what in the admin: ``view_*`` shows the log, ``view_message_content`` shows the content.
 
-The attack these tests stand for (issue 15, point 4): a view-only "helpdesk" staff user asks for a
+The attack these tests stand for: a view-only "helpdesk" staff user asks for a
 password reset of the superuser, reads the reset link in the outbox admin and takes the account over.
 Every page that can show a message is read here twice, once as a view-only user (no email body, HTML,
 Bcc, attachment content, secret header or sensitive payload anywhere in the HTML) and once with the

@@ -1,4 +1,4 @@
-"""The archive and the email log write a moment as the message pages do (issue 18): ``2026-01-05
+"""The archive and the email log write a moment as the message pages do: ``2026-01-05
 06:41:55`` in the current time zone, not Django's "Jan. 5, 2026, 6:41 a.m." beside it.
 """
 

@@ -1,4 +1,4 @@
-"""The email log and the archive appear in the admin only where the project uses them (issue 18).
+"""The email log and the archive appear in the admin only where the project uses them.
 
 A project that sends no email through the outbox and deletes finished messages has no use for either
 page; listing them anyway suggests a feature is on. Hidden pages stay reachable by URL, and showing
