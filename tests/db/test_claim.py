@@ -301,7 +301,7 @@ def test_the_claims_cost_does_not_grow_with_the_backlog_behind_a_few_keys(postgr
 # The worker's claim (autocommit, in the walking plan's pipeline, prepared) must walk the pending index
 # whatever the statistics say, and whatever index a project adds to the table in a migration of its own.
 
-MILLION_ARRIVE = """
+ARRIVE = """
 INSERT INTO django_outbox_message (uuid, topic, key, payload, headers, status, attempts, max_attempts,
     available_at, created_at, last_error)
 SELECT gen_random_uuid(), 'probe.t' || (i %% 20), CASE WHEN i %% 3 = 0 THEN 'key-' || (i %% 5000) END, '{}'::jsonb,
@@ -339,23 +339,24 @@ def _the_workers_claim_plans() -> list[str]:
 
 
 @pytest.mark.slow
-def test_statistics_of_100_rows_then_a_million_arrive_the_claim_still_walks(postgres):
-    """Analyzed while the table held 100 messages (a new deployment), then a million arrive before
-    autovacuum analyzes it again: the statistics are off by four orders of magnitude."""
+def test_statistics_of_100_rows_then_200000_arrive_the_claim_still_walks(postgres):
+    """Analyzed while the table held 100 messages (a new deployment), then 200,000 arrive before
+    autovacuum analyzes it again: the statistics are off by three orders of magnitude (the plan is the
+    same with a million; a million-row fill belongs in bench/, not in the suite)."""
     with connection.cursor() as cursor:
-        cursor.execute(MILLION_ARRIVE, [100])
+        cursor.execute(ARRIVE, [100])
         cursor.execute("ANALYZE django_outbox_message")
-        cursor.execute(MILLION_ARRIVE, [1_000_000])
+        cursor.execute(ARRIVE, [200_000])
     for plan in _the_workers_claim_plans():
         _walks_the_pending_index(plan)
 
 
 @pytest.mark.slow
-def test_statistics_of_a_million_pending_then_100_left_the_claim_still_walks(postgres):
-    """The reverse: analyzed with a million messages pending, then all but 700 delivered (a backlog
-    drained) before the next analyze; the statistics say a million pending."""
+def test_statistics_of_200000_pending_then_700_left_the_claim_still_walks(postgres):
+    """The reverse: analyzed with 200,000 messages pending, then all but 700 delivered (a backlog
+    drained) before the next analyze; the statistics say 200,000 pending."""
     with connection.cursor() as cursor:
-        cursor.execute(MILLION_ARRIVE, [1_000_000])
+        cursor.execute(ARRIVE, [200_000])
         cursor.execute("ANALYZE django_outbox_message")
         cursor.execute(
             "UPDATE django_outbox_message SET status = 'delivered', attempts = 1, delivered_at = now()"
@@ -366,10 +367,10 @@ def test_statistics_of_a_million_pending_then_100_left_the_claim_still_walks(pos
 
 
 @pytest.mark.slow
-def test_statistics_deleted_on_a_million_rows_the_claim_still_walks(postgres):
-    """A million rows, 10,000 of them pending, and no statistics at all (``pg_upgrade`` keeps none)."""
+def test_statistics_deleted_on_200000_rows_the_claim_still_walks(postgres):
+    """200,000 rows, 2,000 of them pending, and no statistics at all (``pg_upgrade`` keeps none)."""
     with connection.cursor() as cursor:
-        cursor.execute(MILLION_ARRIVE, [1_000_000])
+        cursor.execute(ARRIVE, [200_000])
         cursor.execute(
             "UPDATE django_outbox_message SET status = 'delivered', attempts = 1, delivered_at = now()"
             " WHERE id % 100 <> 0"
