@@ -306,34 +306,17 @@ def claim(
         f" FORCE INDEX ({CLAIM_INDEX}) WHERE c.status = {literal(PENDING)} AND c.available_at <= {now}{topic_sql}"
         f" AND (c.key IS NULL OR {head}) ORDER BY c.id LIMIT %s FOR UPDATE SKIP LOCKED"
     )
-    status_at = COLUMN_NAMES.index("status")
-    attempts_at = COLUMN_NAMES.index("attempts")
-    locked_by_at = COLUMN_NAMES.index("locked_by")
-    locked_until_at = COLUMN_NAMES.index("locked_until")
-    with transaction.atomic(using=alias), conn.cursor() as cursor:
-        cursor.execute(select, [*now_params, *topic_params, limit])
-        rows = [list(r) for r in cursor.fetchall()]
-        if not rows:
-            return []
-        lease = dt.timedelta(seconds=lease_seconds)
-        # The lease's end as the column holds it: naive, UTC on the server's clock (or the host's time in
-        # the connection's zone), read back through Django's converters like any stored value.
-        until = rows[0][-1] + lease if server_clock else _as_stored(conn, host_now + lease)
-        ids = [r[0] for r in rows]
-        cursor.execute(
-            f"UPDATE {MESSAGE} SET status = {literal(PROCESSING)}, locked_by = %s, locked_until = %s,"
-            f" attempts = CASE WHEN attempts < {attempts_max} THEN attempts + 1 ELSE attempts END"
-            f" WHERE id IN ({', '.join(['%s'] * len(ids))})",
-            [worker, until, *ids],
-        )
-    for r in rows:
-        if server_clock:
-            del r[-1]
-        r[status_at] = PROCESSING
-        r[attempts_at] = r[attempts_at] + 1 if r[attempts_at] < attempts_max else r[attempts_at]
-        r[locked_by_at] = worker
-        r[locked_until_at] = until
-    return to_messages(alias, conn, rows)
+    return _lease(
+        alias,
+        conn,
+        select,
+        [*now_params, *topic_params, limit],
+        None,
+        worker=worker,
+        lease=lease_seconds,
+        host_now=None if server_clock else host_now,
+        attempts_max=attempts_max,
+    )
 
 
 def _open_before(outer: str, blocking: tuple[str, ...]) -> str:
@@ -532,9 +515,10 @@ def _lease(
                     kept.append(row)
         if not kept:
             return []
-        until = kept[0][-1] + dt.timedelta(seconds=lease) if host_now is None else None
-        if host_now is not None:
-            until = _as_stored(conn, host_now + dt.timedelta(seconds=lease))
+        # The lease's end as the column holds it: naive, UTC on the server's clock (or the host's time in
+        # the connection's zone), read back through Django's converters like any stored value.
+        span = dt.timedelta(seconds=lease)
+        until = kept[0][-1] + span if host_now is None else _as_stored(conn, host_now + span)
         ids = [r[0] for r in kept]
         cursor.execute(
             f"UPDATE {MESSAGE} SET status = {literal(PROCESSING)}, locked_by = %s, locked_until = %s,"
