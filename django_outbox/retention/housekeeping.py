@@ -376,9 +376,14 @@ def ensure_partitions(conn: BaseDatabaseWrapper, now: dt.datetime, *, days_ahead
             if name in existing:
                 continue
             start, end = day.isoformat(), (day + dt.timedelta(days=1)).isoformat()
+            # Made apart, then attached: ``CREATE TABLE ... PARTITION OF`` takes the archive to itself, so
+            # it waits behind any read of the archive (a report, the admin) while every later read queues
+            # behind it; ATTACH takes a lock that readers and writers of the archive do not conflict with.
+            # The indexes and the primary key come with the attach, as they came with PARTITION OF.
             _ddl(
                 conn,
-                f"CREATE TABLE IF NOT EXISTS {name} PARTITION OF {table}"
+                f"CREATE TABLE IF NOT EXISTS {name} (LIKE {table} INCLUDING DEFAULTS INCLUDING CONSTRAINTS)",
+                f"ALTER TABLE {table} ATTACH PARTITION {name}"
                 f" FOR VALUES FROM ('{start} 00:00:00+00') TO ('{end} 00:00:00+00')",
             )
             created.append(name)
@@ -417,8 +422,10 @@ def partitions(conn: BaseDatabaseWrapper, table: str) -> dict[str, dt.date]:
     return dict(sorted(found.items()))
 
 
-def _ddl(conn: BaseDatabaseWrapper, sql: str) -> None:
+def _ddl(conn: BaseDatabaseWrapper, *statements: str) -> None:
+    """The statements in one transaction: a partition is made and attached, or neither."""
     with transaction.atomic(using=conn.alias), conn.cursor() as cursor:
         _take_turn(conn, cursor)
         cursor.execute(f"SET LOCAL lock_timeout = '{DDL_LOCK_TIMEOUT}'")
-        cursor.execute(sql)
+        for sql in statements:
+            cursor.execute(sql)

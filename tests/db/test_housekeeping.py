@@ -99,6 +99,45 @@ def test_postgresql_archive_is_partitioned_by_day(postgres):
         assert cursor.fetchone()[0] == "p"
 
 
+def test_new_partitions_do_not_wait_for_a_long_read_of_the_archive(postgres):
+    """A report or the admin reading the archive holds a share lock on its table for as long as it reads.
+    ``CREATE TABLE ... PARTITION OF`` needs the table to itself: it waited behind such a read (and every
+    read of the archive queued behind it) until its lock wait ran out. Attached, a new day's partition
+    coexists with readers and writers of the archive."""
+    now = timezone.now()
+    reading, done = threading.Event(), threading.Event()
+
+    def long_read() -> None:
+        try:
+            with transaction.atomic(), connections["default"].cursor() as cursor:
+                cursor.execute(f"SELECT count(*) FROM {housekeeping.ARCHIVED_MESSAGE}")
+                reading.set()
+                done.wait(30)
+        finally:
+            connections.close_all()
+
+    thread = threading.Thread(target=long_read)
+    thread.start()
+    assert reading.wait(10)
+    try:
+        created = housekeeping.ensure_partitions(connection, now + dt.timedelta(days=30))
+    finally:
+        done.set()
+        thread.join(10)
+    day = (now + dt.timedelta(days=30)).astimezone(dt.UTC).date()
+    assert housekeeping.partition_name(housekeeping.ARCHIVED_MESSAGE, day) in created
+    assert day in housekeeping.partitions(connection, housekeeping.ARCHIVED_ATTEMPT).values()
+    with connection.cursor() as cursor:  # each of the archive's indexes (the primary key among them) attached
+        cursor.execute(
+            "SELECT count(*) FROM pg_inherits i JOIN pg_class c ON c.oid = i.inhrelid"
+            " WHERE c.relkind = 'i' AND c.relname LIKE %s",
+            [housekeeping.partition_name(housekeeping.ARCHIVED_MESSAGE, day) + "%"],
+        )
+        assert cursor.fetchone()[0] == 5, "primary key, uuid, idempotency key, key and topic"
+    finished("delivered", dt.timedelta(hours=2))
+    assert housekeeping.run("default").archived == 1, "the attached partitions take rows as created ones did"
+
+
 def test_only_one_process_at_a_time_does_housekeeping_on_postgresql(postgres):
     finished("delivered", dt.timedelta(hours=2))
     held, release = threading.Event(), threading.Event()
