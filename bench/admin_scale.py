@@ -20,6 +20,7 @@ from __future__ import annotations
 import argparse
 import datetime as dt
 import io
+import json
 import os
 import statistics
 import sys
@@ -97,6 +98,7 @@ def main() -> int:
     parser.add_argument(
         "--held-behind-one-key", type=int, default=200_000, help="pending messages behind one dead key (0: skip)"
     )
+    parser.add_argument("--json", type=Path, help="also write each page's figures to this file")
     args = parser.parse_args()
     ensure_database(os.environ["DATABASE_URL"])
 
@@ -146,6 +148,7 @@ def main() -> int:
         "overview": base + "overview/",
     }
     failures = []
+    figures: dict[str, Any] = {"rows": args.rows, "pages": {}}
     print(f"\n{'page':<28}{'median ms':>10}{'max ms':>10}{'queries':>9}  plan")
     for label, url in pages.items():
         times, statements, _slowest, errors = load(client, url, args.repeat)
@@ -164,6 +167,12 @@ def main() -> int:
                     seq_scans.append(sql[:120])
         plan_note = "no seq scan" if not seq_scans else f"SEQ SCAN x{len(seq_scans)}"
         print(f"{label:<28}{statistics.median(times):>10.1f}{max(times):>10.1f}{len(queries):>9}  {plan_note}")
+        figures["pages"][label] = {
+            "median_ms": statistics.median(times),
+            "max_ms": max(times),
+            "queries": len(queries),
+            "sequential_scans": len(seq_scans),
+        }
         budget = MAX_QUERIES_OVERVIEW if label == "overview" else MAX_QUERIES
         if len(queries) > budget:
             failures.append(f"{label}: {len(queries)} queries > {budget}")
@@ -185,6 +194,8 @@ def main() -> int:
     print()
     for failure in failures:
         print("FAIL", failure)
+    if args.json:
+        args.json.write_text(json.dumps({**figures, "failures": failures}, indent=2))
     return 1 if failures else 0
 
 

@@ -189,6 +189,7 @@ def main() -> None:
         parser.error("--keys must start with 0: every figure is a ratio to the unkeyed drain of its repetition")
     vendors = args.databases.split(",")
     if len(vendors) > 1:  # one process per database: Django reads its settings once per process
+        combined: dict[str, Any] = {}
         for vendor in vendors:
             command = [sys.executable, __file__, f"--databases={vendor}", f"--messages={args.messages}"]
             command += [
@@ -197,14 +198,20 @@ def main() -> None:
                 f"--reps={args.reps}",
                 f"--backlogs={args.backlogs}",
             ]
-            if args.json:
-                command.append(f"--json={args.json.with_suffix(f'.{vendor}.json')}")
+            part = args.json.with_suffix(f".{vendor}.json") if args.json else None
+            if part:
+                command.append(f"--json={part}")
             subprocess.run(command, check=True)
+            if part:
+                combined.update(json.loads(part.read_text()))
+                part.unlink()
+        if args.json:
+            args.json.write_text(json.dumps(combined, indent=2, default=str))
         return
     os.environ.update(env_for(vendors[0]))
     results = measure(vendors[0], args)
     if args.json:
-        args.json.write_text(json.dumps(results, indent=2, default=str))
+        args.json.write_text(json.dumps({vendors[0]: results}, indent=2, default=str))
 
 
 if __name__ == "__main__":

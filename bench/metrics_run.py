@@ -152,5 +152,8 @@ if __name__ == "__main__":
     parser = argparse.ArgumentParser()
     parser.add_argument("--seconds", type=float, default=40.0)
     parser.add_argument("--plot", action="store_true")
+    parser.add_argument("--json", type=Path, help=f"where the samples go (default {RESULT.relative_to(ROOT)})")
     args = parser.parse_args()
+    if args.json:
+        RESULT = args.json
     plot() if args.plot else run(args.seconds)

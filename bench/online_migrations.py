@@ -291,18 +291,25 @@ def main() -> None:
     args = parser.parse_args()
     vendors = args.databases.split(",")
     if len(vendors) > 1:  # one process per database: Django reads its settings once per process
+        combined: dict[str, Any] = {}
         for vendor in vendors:
             command = [sys.executable, __file__, f"--databases={vendor}", f"--rows={args.rows}"]
             command += [f"--pending={args.pending}", f"--reps={args.reps}", f"--variants={args.variants}"]
-            if args.json:
-                command.append(f"--json={args.json.with_suffix(f'.{vendor}.json')}")
+            part = args.json.with_suffix(f".{vendor}.json") if args.json else None
+            if part:
+                command.append(f"--json={part}")
             subprocess.run(command, check=True)
+            if part:
+                combined.update(json.loads(part.read_text()))
+                part.unlink()
+        if args.json:
+            args.json.write_text(json.dumps(combined, indent=2))
         return
     os.environ.update(env_for(vendors[0]))
     variants = args.variants.split(",")
     results = measure(vendors[0], [int(r) for r in args.rows.split(",")], args.pending, args.reps, variants)
     if args.json:
-        args.json.write_text(json.dumps(results, indent=2))
+        args.json.write_text(json.dumps({vendors[0]: results}, indent=2))
 
 
 if __name__ == "__main__":

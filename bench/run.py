@@ -1,9 +1,17 @@
 """The outbox's benchmark: every figure beside its reference, measured in the same run, as a ratio.
 
     DATABASE_URL=postgres://postgres@127.0.0.1:5432/bench_outbox python bench/run.py [--quick | --smoke]
-        [--only send,drain,latency,enqueue,keyed,scale,opentx,memory,compare,mariadb] [--compare-python PATH]
-        [--output FILE]
+        [--only SECTION,...] [--compare-python PATH] [--output FILE]
         [--history-rows N] [--memory-messages N] [--plot PNG]
+
+The sections, in the order they run (docs/performance.md says what each figure is):
+
+- measured in this process: send, drain, latency, enqueue, keyed, scale (the claim's cost against the
+  table's history), opentx (a long transaction elsewhere), memory, compare (the other Python libraries),
+  mariadb;
+- measured by a script of their own (``SCRIPTS``), each in a process of its own, its JSON kept under the
+  section's name: send_many, keyed_drain, brokers, topology, stop, migrations, autovacuum, admin, tasks,
+  observability, chaos. A script that fails is recorded as ``{"failed": status}`` and the run goes on.
 
 It creates the database named in DATABASE_URL (and ``<name>_compare`` for the other libraries) if
 needed, migrates it and empties the outbox tables as it goes: point it at a database of its own. It
@@ -42,8 +50,97 @@ sys.path.insert(0, str(ROOT))
 os.environ.setdefault("DATABASE_URL", "postgres://postgres@127.0.0.1:5432/bench_outbox")
 os.environ["DJANGO_SETTINGS_MODULE"] = "bench.settings"
 
-SECTIONS = ("send", "drain", "latency", "enqueue", "keyed", "scale", "opentx", "memory", "compare", "mariadb")
 DEFAULT_COMPARE_PYTHON = ROOT / "bench" / ".venv-compare" / "bin" / "python"
+DJANGO6_PYTHON = ROOT / ".venv-django6" / "bin" / "python"
+
+
+@dataclasses.dataclass(frozen=True, kw_only=True)
+class Script:
+    """A section measured by a script of its own, in a process of its own.
+
+    Each of these makes what one harness process cannot share: its own Django settings (read once per
+    process), private servers (chaos, autovacuum), brokers, another interpreter (tasks: Django 6). The
+    harness runs it with the arguments of the run's size and keeps the JSON it writes under its section.
+    """
+
+    script: str
+    output: str  # the script's flag for its JSON file
+    full: tuple[str, ...] = ()
+    quick: tuple[str, ...] = ()
+    smoke: tuple[str, ...] = ()
+    database: bool = False  # gets DATABASE_URL: a PostgreSQL database of its own, beside the harness's
+    mariadb: bool = False  # takes --databases: postgresql, and mysql when a MariaDB answers
+    python: Path | None = None  # the interpreter it needs, when not this one
+
+
+#: The sections run by their own script, in this order after the harness's own (``STEPS`` in ``main``).
+SCRIPTS: dict[str, Script] = {
+    "send_many": Script(
+        script="send_many_scale.py",
+        output="--output",
+        database=True,
+        quick=("--items", "5000", "--keyed-items", "20000", "--reps", "3"),
+        smoke=("--items", "200", "--keyed-items", "500", "--reps", "1"),
+    ),
+    "keyed_drain": Script(
+        script="keyed_drain.py",
+        output="--json",
+        mariadb=True,
+        quick=("--messages", "6000", "--backlogs", "1000,10000", "--cut", "60"),
+        smoke=("--messages", "300", "--keys", "0,5,1", "--reps", "1", "--backlogs", "1000", "--cut", "30"),
+    ),
+    "brokers": Script(
+        script="brokers.py",
+        output="--json",
+        database=True,
+        quick=("--messages", "5000", "--rounds", "3"),
+        smoke=("--messages", "200", "--rounds", "1"),
+    ),
+    "topology": Script(script="topology.py", output="--output", database=True, quick=("--quick",), smoke=("--smoke",)),
+    "stop": Script(
+        script="stop.py",
+        output="--output",
+        database=True,
+        quick=("--runs", "3"),
+        smoke=("--runs", "3", "--idle", "0.5"),
+    ),
+    "migrations": Script(
+        script="online_migrations.py",
+        output="--json",
+        mariadb=True,
+        quick=("--rows", "1000000", "--reps", "3"),
+        smoke=("--rows", "20000", "--pending", "1000", "--reps", "1"),
+    ),
+    "autovacuum": Script(
+        script="autovacuum.py",
+        output="--json",
+        quick=("--history", "200000", "--seconds", "60", "--reps", "1"),
+        smoke=("--history", "20000", "--rate", "100", "--seconds", "10", "--reps", "1"),
+    ),
+    "admin": Script(
+        script="admin_scale.py",
+        output="--json",
+        database=True,
+        quick=("--rows", "200000", "--repeat", "3", "--held-behind-one-key", "50000"),
+        smoke=("--rows", "20000", "--repeat", "1", "--held-behind-one-key", "1000"),
+    ),
+    "tasks": Script(
+        script="tasks.py",
+        output="--output",
+        database=True,
+        python=DJANGO6_PYTHON,
+        quick=("--messages", "1000", "--peer-messages", "300"),
+        smoke=("--messages", "50", "--peer-messages", "50", "--reps", "1", "--processes", "1"),
+    ),
+    "observability": Script(
+        script="observability.py", output="--json", quick=("--rounds", "3"), smoke=("--sends", "200", "--rounds", "1")
+    ),
+    "chaos": Script(script="chaos.py", output="--json", full=(), quick=("--quick",), smoke=("--quick",)),
+}
+SECTIONS = (
+    *("send", "drain", "latency", "enqueue", "keyed", "scale", "opentx", "memory", "compare", "mariadb"),
+    *SCRIPTS,
+)
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -69,7 +166,8 @@ def main(argv: list[str] | None = None) -> int:
 
     from bench import figures, mariadb, tables
 
-    if "mariadb" in only and not mariadb.reachable(mariadb.url()):
+    with_mariadb = mariadb.reachable(mariadb.url())
+    if "mariadb" in only and not with_mariadb:
         if args.only or os.environ.get("CI") == "true":
             parser.error(f"no MariaDB answers at MARIADB_URL={mariadb.url()}")
         only.discard("mariadb")
@@ -153,6 +251,15 @@ def main(argv: list[str] | None = None) -> int:
         results["seconds"] = time.monotonic() - started
         results["notes"] = ctx.notes
         output.write_text(json.dumps(results, indent=2, default=str))
+    for section, script in SCRIPTS.items():
+        if section not in only:
+            continue
+        print(f"{section} (bench/{script.script}) ...", flush=True)
+        t = time.monotonic()
+        out[section] = run_script(script, section, size_name, dsn=dsn, with_mariadb=with_mariadb)
+        print(f"  ({time.monotonic() - t:.0f}s)", flush=True)
+        results["seconds"] = time.monotonic() - started
+        output.write_text(json.dumps(results, indent=2, default=str))
     results["seconds"] = time.monotonic() - started
     results["notes"] = ctx.notes
     output.write_text(json.dumps(results, indent=2, default=str))
@@ -165,6 +272,35 @@ def main(argv: list[str] | None = None) -> int:
         plot.draw(results, args.plot)
         print(f"drew {args.plot}")
     return 0
+
+
+def run_script(script: Script, section: str, size_name: str, *, dsn: str, with_mariadb: bool) -> Any:
+    """Run one script section; its JSON, or ``{"failed": exit status}`` (the run goes on with the rest)."""
+    import subprocess
+    import tempfile
+
+    args = list(getattr(script, size_name))
+    env = {**os.environ}
+    env.pop("DJANGO_SETTINGS_MODULE", None)  # each script names its own
+    if script.database:
+        env["DATABASE_URL"] = f"{dsn}_{section}"
+    else:
+        env.pop("DATABASE_URL", None)
+    if script.mariadb:
+        args += ["--databases", "postgresql,mysql" if with_mariadb else "postgresql"]
+    python = str(script.python) if script.python else sys.executable
+    if script.python and not script.python.exists():
+        print(f"! {section}: {script.python.relative_to(ROOT)} is missing (python3 dev.py makes it)", flush=True)
+        return {"failed": "no interpreter"}
+    with tempfile.TemporaryDirectory() as tmp:
+        output = Path(tmp) / f"{section}.json"
+        command = [python, str(ROOT / "bench" / script.script), *args, script.output, str(output)]
+        status = subprocess.run(command, cwd=ROOT, env=env).returncode
+        figures = json.loads(output.read_text()) if output.exists() else {}
+    if status:
+        print(f"! {section}: bench/{script.script} exited {status}", flush=True)
+        return {**figures, "failed": status} if isinstance(figures, dict) else {"figures": figures, "failed": status}
+    return figures
 
 
 def _rate(out: dict[str, Any]) -> float:

@@ -66,7 +66,7 @@ class DeliveryTracer(Observer):
         """Whether every span of this thread's batch would be a no-op one: no tracer provider is configured
         (the API's own proxy stands in) and no span is active on this thread.
 
-        The no-op span path cost about a fifth of a worker process's CPU per message (``bench/cpu_split.py``,
+        The no-op span path cost about a fifth of a worker process's CPU per message (measured by profiling a drain,
         docs/performance.md). A provider can be set once per process, at any time: the batches that start
         after it get their spans, and the test stops for good.
         """

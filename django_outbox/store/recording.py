@@ -252,7 +252,7 @@ def _record_delivered_mysql(
     if not delivered:
         return set()
     # Integers from the claim, written into the text: a hundred escaped parameters were a third of the
-    # record's Python time (bench/profile_drain.py).
+    # record's Python time.
     ids = ", ".join(str(int(o.message_id)) for o in delivered)
     numbers = " ".join(f"WHEN {int(o.message_id)} THEN {int(o.number)}" for o in delivered)
     stamp = prep_dt(conn, now)
@@ -277,7 +277,7 @@ def _insert_attempts_mysql(
 ) -> None:
     """MariaDB/MySQL: a batch's attempt rows in one statement with one parameter, a JSON document read
     with ``JSON_TABLE`` (MariaDB 10.6+, MySQL 8.0.4+), where ``executemany`` escaped seven values a row
-    (a quarter of the worker's Python time per message on MariaDB, bench/profile_drain.py)."""
+    (a quarter of the worker's Python time per message on MariaDB)."""
     document = json.dumps([[r[0], r[1], r[2], r[3], r[5], r[6]] for r in rows], ensure_ascii=False)
     cursor.execute(
         f"INSERT INTO {ATTEMPT} (message_id, number, started_at, finished_at, worker, outcome, error)"
