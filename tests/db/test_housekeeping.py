@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import datetime as dt
 import threading
+from collections.abc import Iterator, Sequence
+from contextlib import contextmanager
 
 import pytest
 from django.core.management import call_command
@@ -99,31 +101,38 @@ def test_postgresql_archive_is_partitioned_by_day(postgres):
         assert cursor.fetchone()[0] == "p"
 
 
+@contextmanager
+def held_in_another_session(statement: str, params: Sequence[object] = ()) -> Iterator[None]:
+    """The statement run in a transaction of another session, which stays open (its locks held) meanwhile."""
+    held, release = threading.Event(), threading.Event()
+
+    def hold() -> None:
+        try:
+            with transaction.atomic(), connections["default"].cursor() as cursor:
+                cursor.execute(statement, params)
+                held.set()
+                release.wait(30)
+        finally:
+            connections.close_all()
+
+    thread = threading.Thread(target=hold)
+    thread.start()
+    assert held.wait(10)
+    try:
+        yield
+    finally:
+        release.set()
+        thread.join(10)
+
+
 def test_new_partitions_do_not_wait_for_a_long_read_of_the_archive(postgres):
     """A report or the admin reading the archive holds a share lock on its table for as long as it reads.
     ``CREATE TABLE ... PARTITION OF`` needs the table to itself: it waited behind such a read (and every
     read of the archive queued behind it) until its lock wait ran out. Attached, a new day's partition
     coexists with readers and writers of the archive."""
     now = timezone.now()
-    reading, done = threading.Event(), threading.Event()
-
-    def long_read() -> None:
-        try:
-            with transaction.atomic(), connections["default"].cursor() as cursor:
-                cursor.execute(f"SELECT count(*) FROM {housekeeping.ARCHIVED_MESSAGE}")
-                reading.set()
-                done.wait(30)
-        finally:
-            connections.close_all()
-
-    thread = threading.Thread(target=long_read)
-    thread.start()
-    assert reading.wait(10)
-    try:
+    with held_in_another_session(f"SELECT count(*) FROM {housekeeping.ARCHIVED_MESSAGE}"):
         created = housekeeping.ensure_partitions(connection, now + dt.timedelta(days=30))
-    finally:
-        done.set()
-        thread.join(10)
     day = (now + dt.timedelta(days=30)).astimezone(dt.UTC).date()
     assert housekeeping.partition_name(housekeeping.ARCHIVED_MESSAGE, day) in created
     assert day in housekeeping.partitions(connection, housekeeping.ARCHIVED_ATTEMPT).values()
@@ -140,27 +149,10 @@ def test_new_partitions_do_not_wait_for_a_long_read_of_the_archive(postgres):
 
 def test_only_one_process_at_a_time_does_housekeeping_on_postgresql(postgres):
     finished("delivered", dt.timedelta(hours=2))
-    held, release = threading.Event(), threading.Event()
-
-    def hold_lock() -> None:
-        try:
-            # Held as another housekeeper holds it, for one transaction: that also holds behind a pooler.
-            with transaction.atomic(), connections["default"].cursor() as cursor:
-                cursor.execute("SELECT pg_advisory_xact_lock(%s)", [housekeeping.ADVISORY_LOCK_ID])
-                held.set()
-                release.wait(10)
-        finally:
-            connections.close_all()
-
-    thread = threading.Thread(target=hold_lock)
-    thread.start()
-    assert held.wait(10)
-    try:
+    # Held as another housekeeper holds it, for one transaction: that also holds behind a pooler.
+    with held_in_another_session("SELECT pg_advisory_xact_lock(%s)", [housekeeping.ADVISORY_LOCK_ID]):
         assert housekeeping.run("default").skipped
         assert Message.objects.count() == 1
-    finally:
-        release.set()
-        thread.join(10)
     assert housekeeping.run("default").archived == 1
 
 
