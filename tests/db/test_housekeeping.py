@@ -102,7 +102,7 @@ def test_postgresql_archive_is_partitioned_by_day(postgres):
 
 
 @contextmanager
-def held_in_another_session(statement: str, params: Sequence[object] = ()) -> Iterator[None]:
+def held_in_another_session(statement: str, params: Sequence[int] = ()) -> Iterator[None]:
     """The statement run in a transaction of another session, which stays open (its locks held) meanwhile."""
     held, release = threading.Event(), threading.Event()
 
