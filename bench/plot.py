@@ -55,8 +55,7 @@ def draw(results: dict[str, Any], output: Path) -> None:
     pg = env.get("postgresql", {}).get("server_version", "?")
     ax.set_title(
         f"Drain of {drain['messages']:,} messages, medians of {len(by[str(processes[0])]['reps'])} "
-        f"(bars: min-max)\nPostgreSQL {pg}, {env.get('cpus', '?')} shared cores, loaded machine; "
-        f"{env.get('when', '')[:10]}",
+        f"(bars: min-max)\nPostgreSQL {pg}, {env.get('cpus', '?')} cores",
         fontsize=9,
     )
     ax.grid(True, alpha=0.3)
