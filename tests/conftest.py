@@ -13,6 +13,7 @@ from django_outbox.routing import registry
 from .support import IN_CI, pooled
 from .support.database import is_postgres, is_postgres_alias
 from .support.processes import WorkerProcess
+from .support.servers import HTTPServer
 
 #: Fixtures more than one layer uses; the helpers are imported from their ``tests.support`` module.
 pytest_plugins = ["tests.support.archive", "tests.support.browser", "tests.support.mail"]
@@ -100,6 +101,14 @@ def mysql() -> None:
     """For tests of MariaDB/MySQL-only behaviour (skipped on the other databases)."""
     if connection.vendor != "mysql":
         pytest.skip("MariaDB/MySQL-only behaviour; this run uses " + connection.vendor)
+
+
+@pytest.fixture
+def server() -> Iterator[HTTPServer]:
+    """A real HTTP server on loopback recording every request (tests/support/servers.py)."""
+    srv = HTTPServer()
+    yield srv
+    srv.stop()
 
 
 @pytest.fixture

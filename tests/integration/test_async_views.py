@@ -7,10 +7,7 @@ port; the requests come concurrently from ``httpx.AsyncClient``.
 from __future__ import annotations
 
 import asyncio
-import socket
-import subprocess
 import sys
-import time
 from collections.abc import Iterator
 from typing import Any
 
@@ -19,8 +16,7 @@ import pytest
 
 from django_outbox.models import Message
 from testproject.shop.models import Order
-from tests.support import ROOT
-from tests.support.processes import worker_env
+from tests.support.processes import web_process, worker_env
 from tests.support.servers import free_port
 
 pytestmark = pytest.mark.django_db(transaction=True)
@@ -30,36 +26,8 @@ pytestmark = pytest.mark.django_db(transaction=True)
 def asgi_server() -> Iterator[str]:
     port = free_port()
     command = [sys.executable, "-m", "uvicorn", "tests.asgi:application", "--host", "127.0.0.1", "--port", str(port)]
-    proc = subprocess.Popen(
-        [*command, "--log-level", "warning", "--no-access-log"],
-        cwd=ROOT,
-        env=worker_env(),
-        stdout=subprocess.PIPE,
-        stderr=subprocess.STDOUT,
-        text=True,
-    )
-    deadline = time.monotonic() + 60
-    while True:
-        if proc.poll() is not None:
-            out = proc.stdout.read() if proc.stdout else ""
-            pytest.fail(f"uvicorn exited with {proc.returncode}:\n{out}")
-        try:
-            socket.create_connection(("127.0.0.1", port), timeout=1).close()
-            break
-        except OSError:
-            if time.monotonic() > deadline:
-                proc.kill()
-                pytest.fail("uvicorn did not listen within 60 s")
-            time.sleep(0.1)
-    try:
-        yield f"http://127.0.0.1:{port}"
-    finally:
-        proc.terminate()
-        try:
-            proc.communicate(timeout=20)
-        except subprocess.TimeoutExpired:
-            proc.kill()
-            proc.communicate(timeout=10)
+    with web_process([*command, "--log-level", "warning", "--no-access-log"], port, worker_env()) as url:
+        yield url
 
 
 def post_all(base: str, bodies: list[dict[str, Any]], path: str = "/probe/async-send/") -> list[httpx.Response]:

@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import json
 import socket
-import subprocess
 import sys
 import time
 import urllib.error
@@ -20,11 +19,9 @@ from django.utils import timezone
 
 from django_outbox.admin import overview
 from django_outbox.observability import views
-from tests.support import ROOT
 from tests.support.database import connect_raw, connect_raw_mysql
-from tests.support.processes import worker_env
+from tests.support.processes import web_process, worker_env
 from tests.support.servers import free_port
-from tests.support.waiting import wait_for
 
 pytestmark = pytest.mark.django_db(transaction=True)
 
@@ -128,33 +125,8 @@ def persistent_web_process() -> Iterator[str]:
     """The tests' application in a real single-threaded WSGI server whose session persists (``CONN_MAX_AGE``)."""
     port = free_port()
     env = {**worker_env(), "TEST_DB_SETTINGS": json.dumps({"CONN_MAX_AGE": 600})}
-    proc = subprocess.Popen(
-        [sys.executable, "-c", ONE_THREAD_SERVER, str(port)],
-        cwd=ROOT,
-        env=env,
-        stdout=subprocess.PIPE,
-        stderr=subprocess.STDOUT,
-        text=True,
-    )
-    try:
-        wait_for(lambda: proc.poll() is not None or _listens(port), timeout=60, interval=0.1)
-        assert proc.poll() is None, proc.stdout.read() if proc.stdout else ""
-        yield f"http://127.0.0.1:{port}"
-    finally:
-        proc.terminate()
-        try:
-            proc.communicate(timeout=20)
-        except subprocess.TimeoutExpired:
-            proc.kill()
-            proc.communicate(timeout=10)
-
-
-def _listens(port: int) -> bool:
-    try:
-        socket.create_connection(("127.0.0.1", port), timeout=1).close()
-    except OSError:
-        return False
-    return True
+    with web_process([sys.executable, "-c", ONE_THREAD_SERVER, str(port)], port, env) as url:
+        yield url
 
 
 def test_a_probe_after_the_server_ended_its_session_answers_at_once_and_the_next_is_ok(

@@ -25,7 +25,7 @@ from django_outbox.testing import relay_all
 from django_outbox.webhooks import verify
 from django_outbox.worker import Relay, RelayConfig
 from tests.support.receivers import NodeReceiver
-from tests.support.servers import HTTPServer, Reply
+from tests.support.servers import Reply
 
 pytestmark = pytest.mark.django_db(transaction=True)
 
@@ -82,13 +82,6 @@ def assert_envelope(body: Any, message: Message) -> None:
     # the real time in UTC, also under TEST_USE_TZ=0 (America/New_York): a naive time read as UTC is hours off
     sent_at = dt.datetime.strptime(body["timestamp"], "%Y-%m-%dT%H:%M:%S.%fZ").replace(tzinfo=dt.UTC)
     assert abs((dt.datetime.now(dt.UTC) - sent_at).total_seconds()) < 300
-
-
-@pytest.fixture
-def server() -> Iterator[HTTPServer]:
-    srv = HTTPServer()
-    yield srv
-    srv.stop()
 
 
 @pytest.mark.parametrize("body_format", ["standard-webhooks", "payload", None])

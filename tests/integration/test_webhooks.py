@@ -17,20 +17,13 @@ from django_outbox.webhooks import WebhookVerificationError, new_secret, sign, v
 from django_outbox.webhooks.ssrf import is_public_address as _is_public
 from django_outbox.webhooks.transport import WebhookTarget, retry_after_seconds
 from django_outbox.worker import Relay, RelayConfig
-from tests.support.servers import HTTPServer, Reply, free_port
+from tests.support.servers import Reply, free_port
 
 pytestmark = pytest.mark.django_db(transaction=True)
 
 SECRET = "whsec_8X64pTf2VJY6eApZYqEgNu+kEOBTpP9F"
 OTHER_SECRET = "whsec_" + "QUJDREVGR0hJSktMTU5PUFFSU1RVVldY"
 BACKEND = "django_outbox.transports.webhook.WebhookTransport"
-
-
-@pytest.fixture
-def server():
-    srv = HTTPServer()
-    yield srv
-    srv.stop()
 
 
 @pytest.fixture

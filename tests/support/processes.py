@@ -2,11 +2,14 @@
 
 from __future__ import annotations
 
+import contextlib
 import os
 import signal
+import socket
 import subprocess
 import sys
 import time
+from collections.abc import Iterator
 
 import pytest
 from django.db import connection, connections
@@ -105,3 +108,31 @@ class WorkerProcess:
                 no_pooler_artefact_taken_for_an_outage(out)
         elif self.proc.stdout is not None and not self.proc.stdout.closed:
             self.proc.communicate(timeout=10)  # it exited on its own: read the rest and close the pipe
+
+
+@contextlib.contextmanager
+def web_process(command: list[str], port: int, env: dict[str, str]) -> Iterator[str]:
+    """A web server process of the tests' application on ``127.0.0.1:port``: its base URL once it listens
+    (its output in the failure if it exits first), stopped after."""
+    proc = subprocess.Popen(command, cwd=ROOT, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    deadline = time.monotonic() + 60
+    while True:
+        if proc.poll() is not None:
+            pytest.fail(f"{command[:3]} exited with {proc.returncode}:\n{proc.stdout.read() if proc.stdout else ''}")
+        try:
+            socket.create_connection(("127.0.0.1", port), timeout=1).close()
+            break
+        except OSError:
+            if time.monotonic() > deadline:
+                proc.kill()
+                pytest.fail(f"{command[:3]} did not listen within 60 s")
+            time.sleep(0.1)
+    try:
+        yield f"http://127.0.0.1:{port}"
+    finally:
+        proc.terminate()
+        try:
+            proc.communicate(timeout=20)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            proc.communicate(timeout=10)

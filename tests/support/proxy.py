@@ -15,7 +15,8 @@ class FlakyProxy:
 
     Refusing means accepting and closing at once, so the port stays ours while the "broker" is away.
     ``freeze()`` keeps every connection open but forwards nothing more either way (a hung broker, or a
-    network that silently drops packets) until ``thaw()``.
+    network that silently drops packets) until ``thaw()``. ``hold_answers()`` forwards every request to
+    the broker but none of its answers until ``release_answers()``: a broker that acts and answers late.
     """
 
     def __init__(self, target_host: str, target_port: int) -> None:
@@ -26,6 +27,8 @@ class FlakyProxy:
         self._up.set()
         self._flowing = threading.Event()
         self._flowing.set()
+        self._answering = threading.Event()
+        self._answering.set()
         self._closed = False
         self._sockets: set[socket.socket] = set()
         self._lock = threading.Lock()
@@ -44,6 +47,12 @@ class FlakyProxy:
 
     def thaw(self) -> None:
         self._flowing.set()
+
+    def hold_answers(self) -> None:
+        self._answering.clear()
+
+    def release_answers(self) -> None:
+        self._answering.set()
 
     def close(self) -> None:
         self._closed = True
@@ -78,16 +87,16 @@ class FlakyProxy:
             upstream.settimeout(None)
             with self._lock:
                 self._sockets.update((client, upstream))
-            for source, sink in ((client, upstream), (upstream, client)):
-                threading.Thread(target=self._pipe, args=(source, sink), daemon=True).start()
+            for source, sink, answers in ((client, upstream, False), (upstream, client, True)):
+                threading.Thread(target=self._pipe, args=(source, sink, answers), daemon=True).start()
 
-    def _pipe(self, source: socket.socket, sink: socket.socket) -> None:
+    def _pipe(self, source: socket.socket, sink: socket.socket, answers: bool) -> None:
         try:
             while True:
                 data = source.recv(65536)
                 if not data:
                     break
-                while not self._flowing.wait(0.1):
+                while not (self._flowing.wait(0.1) and (not answers or self._answering.wait(0.1))):
                     if self._closed:
                         return
                 sink.sendall(data)

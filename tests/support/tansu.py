@@ -37,11 +37,16 @@ def tansu_binary() -> Path:
 
 
 class Tansu:
-    """One broker process on ``127.0.0.1:port``; ``kill()`` and ``start()`` again on the same port."""
+    """One broker process on ``127.0.0.1:port``; ``kill()`` and ``start()`` again on the same port.
 
-    def __init__(self, port: int | None = None) -> None:
+    With ``advertised``, it tells its clients to connect to that port (a proxy) rather than to itself, so
+    every connection, metadata's included, goes through the proxy.
+    """
+
+    def __init__(self, port: int | None = None, *, advertised: int | None = None) -> None:
         self.binary = tansu_binary()
         self.port = port or free_port()
+        self.advertised = advertised or self.port
         self.process: subprocess.Popen[bytes] | None = None
         self.start()
 
@@ -50,10 +55,10 @@ class Tansu:
         return f"127.0.0.1:{self.port}"
 
     def start(self) -> None:
-        url = f"tcp://127.0.0.1:{self.port}"
+        listen, advertised = f"tcp://127.0.0.1:{self.port}", f"tcp://127.0.0.1:{self.advertised}"
         self.process = subprocess.Popen(
             [
-                *(str(self.binary), "broker", "--listener-url", url, "--advertised-listener-url", url),
+                *(str(self.binary), "broker", "--listener-url", listen, "--advertised-listener-url", advertised),
                 *("--storage-engine", "memory://tansu/"),
             ],
             stdout=subprocess.DEVNULL,

@@ -15,7 +15,12 @@ ISSUE_NUMBER = re.compile(r"\bissues?\s*#?" + r"\d+", re.IGNORECASE)
 def _files() -> list[Path]:
     found = [ROOT / "README.md", ROOT / "CHANGELOG.md", *sorted((ROOT / "docs").rglob("*.md"))]
     for folder in ("tests", "bench"):
-        found += sorted(p for p in (ROOT / folder).rglob("*.py") if "node_modules" not in p.parts)
+        # the project's own files: not the packages a tool installed there (node_modules, bench/.venv-compare)
+        found += sorted(
+            p
+            for p in (ROOT / folder).rglob("*.py")
+            if not any(part == "node_modules" or part.startswith(".venv") for part in p.relative_to(ROOT).parts)
+        )
     return found
 
 

@@ -36,13 +36,6 @@ SECRET = "whsec_8X64pTf2VJY6eApZYqEgNu+kEOBTpP9F"
 HOSTILE_RETRY_AFTER = ["99999999999999", "300000000000", "9" * 400]
 
 
-@pytest.fixture
-def server():
-    srv = HTTPServer()
-    yield srv
-    srv.stop()
-
-
 @pytest.fixture(autouse=True)
 def slow_retries(settings: Any) -> None:
     """Retries 15 to 30 s later: a worker run until empty never sees the retry of what failed in it."""

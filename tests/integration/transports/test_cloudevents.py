@@ -32,7 +32,6 @@ from django_outbox import outbox
 from django_outbox.models import Message
 from tests.support.brokers import relay_until_empty, unique_prefix
 from tests.support.receivers import NodeReceiver
-from tests.support.servers import HTTPServer
 from tests.support.services import require_service
 from tests.support.tansu import Tansu, running_tansu
 
@@ -106,13 +105,6 @@ def assert_event(event: BaseCloudEvent, message: Message) -> None:
 
 def webhook_options(url: str, body_format: str) -> dict[str, Any]:
     return {"URL": url, "SECRET": SECRET, "ALLOWED_HOSTS": ["127.0.0.1"], "FORMAT": body_format}
-
-
-@pytest.fixture
-def server() -> Iterator[HTTPServer]:
-    srv = HTTPServer()
-    yield srv
-    srv.stop()
 
 
 @pytest.mark.parametrize("body_format", FORMATS)

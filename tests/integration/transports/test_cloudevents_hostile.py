@@ -34,7 +34,6 @@ from tests.integration.transports.test_cloudevents import (
     webhook_options,
 )
 from tests.support.brokers import unique_prefix
-from tests.support.servers import HTTPServer
 from tests.support.services import require_service
 from tests.support.tansu import Tansu, running_tansu
 
@@ -118,13 +117,6 @@ def test_the_python_sdk_reads_hostile_kafka_records(tansu, body_format):
 
 
 # --- webhooks --------------------------------------------------------------------------------------------
-
-
-@pytest.fixture
-def server() -> Iterator[HTTPServer]:
-    srv = HTTPServer()
-    yield srv
-    srv.stop()
 
 
 @pytest.mark.parametrize("body_format", FORMATS)

@@ -7,12 +7,7 @@ Each runs through the worker, so each failure is a recorded attempt with its rea
 
 from __future__ import annotations
 
-import contextlib
 import datetime as dt
-import socket
-import subprocess
-import threading
-import time
 from collections import Counter
 from collections.abc import Iterator
 
@@ -49,83 +44,12 @@ def tansu() -> Iterator[Tansu]:
 # --- a broker whose answers come late ---------------------------------------------------------------------
 
 
-class LateAnswers(FlakyProxy):
-    """Forwards every request to the broker at once, and holds the broker's answers while ``hold()``: the
-    broker writes the records, and the producer hears nothing of it until ``release()``."""
-
-    def __init__(self, target_host: str, target_port: int) -> None:
-        self._answers = threading.Event()
-        self._answers.set()
-        super().__init__(target_host, target_port)
-
-    def hold(self) -> None:
-        self._answers.clear()
-
-    def release(self) -> None:
-        self._answers.set()
-
-    def _pipe(self, source: socket.socket, sink: socket.socket) -> None:
-        try:
-            answers = source.getpeername()[1] == self.target[1]
-        except OSError:
-            answers = False
-        if not answers:
-            super()._pipe(source, sink)
-            return
-        try:
-            while True:
-                data = source.recv(65536)
-                if not data:
-                    break
-                while not self._answers.wait(0.1):
-                    if self._closed:
-                        return
-                sink.sendall(data)
-        except OSError:
-            pass
-        finally:
-            for sock in (source, sink):
-                with contextlib.suppress(OSError):
-                    sock.shutdown(socket.SHUT_RDWR)
-                sock.close()
-
-
-class TansuBehind(Tansu):
-    """A Tansu broker that tells its clients to connect to ``advertised`` (a proxy) rather than to itself,
-    so every connection, metadata's included, goes through the proxy."""
-
-    def __init__(self, port: int, advertised: int) -> None:
-        self.advertised = advertised
-        super().__init__(port)
-
-    def start(self) -> None:
-        listen, advertised = f"tcp://127.0.0.1:{self.port}", f"tcp://127.0.0.1:{self.advertised}"
-        self.process = subprocess.Popen(
-            [
-                *(str(self.binary), "broker", "--listener-url", listen, "--advertised-listener-url", advertised),
-                *("--storage-engine", "memory://tansu/"),
-            ],
-            stdout=subprocess.DEVNULL,
-            stderr=subprocess.DEVNULL,
-        )
-        deadline = time.monotonic() + 15
-        while True:
-            if self.process.poll() is not None:
-                raise RuntimeError(f"tansu exited with {self.process.returncode} on port {self.port}")
-            try:
-                socket.create_connection(("127.0.0.1", self.port), timeout=0.5).close()
-                return
-            except OSError:
-                if time.monotonic() > deadline:
-                    raise RuntimeError(f"tansu did not listen on port {self.port} within 15 s") from None
-                time.sleep(0.02)
-
-
 @pytest.fixture
-def late_broker() -> Iterator[tuple[Tansu, LateAnswers]]:
+def late_broker() -> Iterator[tuple[Tansu, FlakyProxy]]:
+    """A broker reached only through a proxy, which can hold the broker's answers (``hold_answers()``)."""
     port = free_port()
-    proxy = LateAnswers("127.0.0.1", port)
-    broker = TansuBehind(port, proxy.port)
+    proxy = FlakyProxy("127.0.0.1", port)
+    broker = Tansu(port, advertised=proxy.port)
     try:
         yield broker, proxy
     finally:
@@ -148,10 +72,10 @@ def test_a_broker_that_answers_late_fails_the_attempts_in_time_and_loses_nothing
     with outbox_settings("kafka", BACKEND, settings, f"{prefix}.*"), running_relay(concurrency=1, batch_size=20):
         first = send_many(topic, 1)
         wait_for(lambda: count_status(Message.Status.DELIVERED) == 1, timeout=30)  # the producer is ready
-        proxy.hold()
+        proxy.hold_answers()
         late = send_many(topic, 20, start=1)
         wait_for(lambda: failed_attempts() >= 20, timeout=30)
-        proxy.release()
+        proxy.release_answers()
         wait_for(lambda: count_status(Message.Status.DELIVERED) == 21, timeout=60)
     assert count_status(Message.Status.DEAD) == 0
     failed = list(Attempt.objects.filter(outcome=Attempt.Outcome.FAILED))
