@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import datetime as dt
 import functools
+import json
 import math
 import random
 import sqlite3
@@ -707,6 +708,16 @@ def test_a_keyed_send_waits_while_a_batch_of_many_keys_is_open(postgres, handler
     assert ids == [{"n": 0}, {"n": -1}]
 
 
+def insert_committed_elsewhere(cursor: Any, *, n: int, idempotency_key: str) -> None:
+    """Another producer's message, written by hand on its own MariaDB connection (its commit is the caller's)."""
+    cursor.execute(
+        "INSERT INTO django_outbox_message (uuid, topic, `key`, payload, headers, idempotency_key, status,"
+        " attempts, max_attempts, available_at, created_at, last_error) VALUES (%s, 'probe.created',"
+        " NULL, %s, '{}', %s, 'pending', 0, 5, UTC_TIMESTAMP(6), UTC_TIMESTAMP(6), '')",
+        [uuid.uuid4().hex, json.dumps({"n": n}), idempotency_key],
+    )
+
+
 @pytest.mark.parametrize("many", [False, True], ids=["send", "send_many"])
 def test_a_holder_committed_after_the_transactions_snapshot_is_found(mysql: None, many: bool):
     """Under REPEATABLE READ (MariaDB's own default, which a project gets with ``"isolation_level":
@@ -722,12 +733,7 @@ def test_a_holder_committed_after_the_transactions_snapshot_is_found(mysql: None
             Order.objects.create(customer_email="a@example.com", item="mug")
             assert Message.objects.count() == 0  # the transaction's snapshot, taken before the other commits
             cursor = other.cursor()
-            cursor.execute(
-                "INSERT INTO django_outbox_message (uuid, topic, `key`, payload, headers, idempotency_key, status,"
-                " attempts, max_attempts, available_at, created_at, last_error) VALUES (%s, 'probe.created',"
-                " NULL, '{\"n\": 1}', '{}', 'idem-1', 'pending', 0, 5, UTC_TIMESTAMP(6), UTC_TIMESTAMP(6), '')",
-                [uuid.uuid4().hex],
-            )
+            insert_committed_elsewhere(cursor, n=1, idempotency_key="idem-1")
             other.commit()
             item: dict[str, Any] = {"topic": "probe.created", "payload": {"n": 1}, "idempotency_key": "idem-1"}
             if many:
@@ -794,12 +800,7 @@ def test_mariadb_a_key_taken_by_another_producer_mid_batch_takes_the_batch_back(
         if "INSERT INTO django_outbox_message" in sql and "late" in params and not raced:
             raced.append(sql)
             cursor = other.cursor()
-            cursor.execute(
-                "INSERT INTO django_outbox_message (uuid, topic, `key`, payload, headers, idempotency_key, status,"
-                " attempts, max_attempts, available_at, created_at, last_error) VALUES (%s, 'probe.created',"
-                " NULL, '{\"n\": 9}', '{}', 'late', 'pending', 0, 5, UTC_TIMESTAMP(6), UTC_TIMESTAMP(6), '')",
-                [uuid.uuid4().hex],
-            )
+            insert_committed_elsewhere(cursor, n=9, idempotency_key="late")
             other.commit()
         return execute(sql, params, many, context)
 
@@ -822,12 +823,7 @@ def test_mariadb_a_key_taken_mid_batch_with_the_same_content_returns_its_holder(
     def commit_elsewhere_before_the_last_insert(execute, sql, params, many, context):
         if "INSERT INTO django_outbox_message" in sql and "late" in params and not raced:
             cursor = other.cursor()
-            cursor.execute(
-                "INSERT INTO django_outbox_message (uuid, topic, `key`, payload, headers, idempotency_key, status,"
-                " attempts, max_attempts, available_at, created_at, last_error) VALUES (%s, 'probe.created',"
-                " NULL, '{\"n\": 2}', '{}', 'late', 'pending', 0, 5, UTC_TIMESTAMP(6), UTC_TIMESTAMP(6), '')",
-                [uuid.uuid4().hex],
-            )
+            insert_committed_elsewhere(cursor, n=2, idempotency_key="late")
             raced.append(cursor.lastrowid)
             other.commit()
         return execute(sql, params, many, context)
