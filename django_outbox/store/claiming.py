@@ -268,13 +268,16 @@ def _runs_text(pg: bool, topic_sql: str, blocking: tuple[str, ...], limit: int, 
         return f"(SELECT b.key FROM {MESSAGE} AS b WHERE b.key > {key} AND {open_b} ORDER BY b.key LIMIT 1)"
 
     first = f"(SELECT b.key FROM {MESSAGE} AS b WHERE {open_b} ORDER BY b.key LIMIT 1)"
+    # Each row carries its key's successor (``nxt``), probed once: the next row's key is that successor or,
+    # past the last key, the first key (once: ``wrapped``). Probed in the step's two places, the successor
+    # was two index probes a key.
+    step = f"COALESCE(keys.nxt, CASE WHEN keys.wrapped THEN NULL ELSE {first} END)"
     keys = (
-        f"keys(k, n, wrapped) AS (SELECT CAST(COALESCE(a.k, {first}) AS TEXT), 1, a.k IS NULL"
-        f" FROM (SELECT {after('%s')} AS k) AS a"
-        f" UNION ALL SELECT CAST(COALESCE({after('keys.k')},"
-        f" CASE WHEN keys.wrapped THEN NULL ELSE {first} END) AS TEXT),"
-        f" keys.n + 1, keys.wrapped OR {after('keys.k')} IS NULL FROM keys"
-        f" WHERE keys.k IS NOT NULL AND keys.n < {bound} AND NOT (keys.wrapped AND keys.k > %s)),"
+        f"keys(k, nxt, n, wrapped) AS (SELECT s.k, {after('s.k')}, 1, s.wrapped"
+        f" FROM (SELECT CAST(COALESCE(a.k, {first}) AS TEXT) AS k, a.k IS NULL AS wrapped"
+        f" FROM (SELECT {after('%s')} AS k) AS a) AS s"
+        f" UNION ALL SELECT CAST({step} AS TEXT), {after(step)}, keys.n + 1, keys.wrapped OR keys.nxt IS NULL"
+        f" FROM keys WHERE keys.k IS NOT NULL AND keys.n < {bound} AND NOT (keys.wrapped AND keys.k > %s)),"
         " served AS (SELECT k FROM keys WHERE k IS NOT NULL AND NOT (wrapped AND k > %s))"
     )
     ok = f"status = {pending} AND available_at <= {now}{topic_sql}"
