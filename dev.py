@@ -522,7 +522,7 @@ CHAOS_WEIGHT = 3
 def chaos_cells(
     python: Path, databases: list[tuple[str, str, dict[str, str]]], pooler_modes: list[str], *, coverage: bool
 ) -> list[Cell]:
-    """The short fault-injection scenarios (bench/chaos.py --quick): each on a private server of its own
+    """The short fault-injection scenarios (tests/chaos/run.py --quick): each on a private server of its own
     (killed and restarted mid-run), so they run beside the test cells. Each fails if a message is lost, a
     duplicate is not explained by the audit log, or an effect was lost or applied twice."""
     names = {name for name, _, _ in databases}
@@ -539,7 +539,7 @@ def chaos_cells(
     runner = [str(python), "-m", "coverage", "run"] if coverage else [str(python)]
     env = coverage_env() if coverage else {}
     return [
-        Cell(label, [*runner, "bench/chaos.py", "--quick", *more], env, weight=CHAOS_WEIGHT) for label, more in runs
+        Cell(label, [*runner, "tests/chaos/run.py", "--quick", *more], env, weight=CHAOS_WEIGHT) for label, more in runs
     ]
 
 

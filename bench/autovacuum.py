@@ -2,7 +2,7 @@
 
     python bench/autovacuum.py [--history 1000000] [--rate 500] [--seconds 240] [--reps 2] [--json FILE]
 
-It runs on a private PostgreSQL server that it creates and removes (as ``bench/chaos.py`` does), with
+It runs on a private PostgreSQL server that it creates and removes (as ``tests/chaos/run.py`` does), with
 PostgreSQL's default autovacuum configuration: the shared server of the machine this was written on runs
 with ``autovacuum = off``, where these table settings can do nothing. (fsync is off on the private
 server: what is measured is pages read, not durability.)
@@ -38,7 +38,7 @@ from typing import Any
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 from bench import procs, tables  # noqa: E402  (needs ROOT on the path)
-from bench.chaos import PrivateCluster  # noqa: E402
+from tests.chaos.run import PrivateCluster  # noqa: E402
 
 os.environ["DJANGO_SETTINGS_MODULE"] = "bench.settings"
 

@@ -63,7 +63,7 @@ class Script:
     harness runs it with the arguments of the run's size and keeps the JSON it writes under its section.
     """
 
-    script: str
+    script: str  # from the repository's root
     output: str  # the script's flag for its JSON file
     full: tuple[str, ...] = ()
     quick: tuple[str, ...] = ()
@@ -76,56 +76,58 @@ class Script:
 #: The sections run by their own script, in this order after the harness's own (``STEPS`` in ``main``).
 SCRIPTS: dict[str, Script] = {
     "send_many": Script(
-        script="send_many_scale.py",
+        script="bench/send_many_scale.py",
         output="--output",
         database=True,
         quick=("--items", "5000", "--keyed-items", "20000", "--reps", "3"),
         smoke=("--items", "200", "--keyed-items", "500", "--reps", "1"),
     ),
     "keyed_drain": Script(
-        script="keyed_drain.py",
+        script="bench/keyed_drain.py",
         output="--json",
         mariadb=True,
         quick=("--messages", "6000", "--backlogs", "1000,10000", "--cut", "60"),
         smoke=("--messages", "300", "--keys", "0,5,1", "--reps", "1", "--backlogs", "1000", "--cut", "30"),
     ),
     "brokers": Script(
-        script="brokers.py",
+        script="bench/brokers.py",
         output="--json",
         database=True,
         quick=("--messages", "5000", "--rounds", "3"),
         smoke=("--messages", "200", "--rounds", "1"),
     ),
-    "topology": Script(script="topology.py", output="--output", database=True, quick=("--quick",), smoke=("--smoke",)),
+    "topology": Script(
+        script="bench/topology.py", output="--output", database=True, quick=("--quick",), smoke=("--smoke",)
+    ),
     "stop": Script(
-        script="stop.py",
+        script="bench/stop.py",
         output="--output",
         database=True,
         quick=("--runs", "3"),
         smoke=("--runs", "3", "--idle", "0.5"),
     ),
     "migrations": Script(
-        script="online_migrations.py",
+        script="bench/online_migrations.py",
         output="--json",
         mariadb=True,
         quick=("--rows", "1000000", "--reps", "3"),
         smoke=("--rows", "20000", "--pending", "1000", "--reps", "1"),
     ),
     "autovacuum": Script(
-        script="autovacuum.py",
+        script="bench/autovacuum.py",
         output="--json",
         quick=("--history", "200000", "--seconds", "60", "--reps", "1"),
         smoke=("--history", "20000", "--rate", "100", "--seconds", "10", "--reps", "1"),
     ),
     "admin": Script(
-        script="admin_scale.py",
+        script="bench/admin_scale.py",
         output="--json",
         database=True,
         quick=("--rows", "200000", "--repeat", "3", "--held-behind-one-key", "50000"),
         smoke=("--rows", "20000", "--repeat", "1", "--held-behind-one-key", "1000"),
     ),
     "tasks": Script(
-        script="tasks.py",
+        script="bench/tasks.py",
         output="--output",
         database=True,
         python=DJANGO6_PYTHON,
@@ -133,9 +135,12 @@ SCRIPTS: dict[str, Script] = {
         smoke=("--messages", "50", "--peer-messages", "50", "--reps", "1", "--processes", "1"),
     ),
     "observability": Script(
-        script="observability.py", output="--json", quick=("--rounds", "3"), smoke=("--sends", "200", "--rounds", "1")
+        script="bench/observability.py",
+        output="--json",
+        quick=("--rounds", "3"),
+        smoke=("--sends", "200", "--rounds", "1"),
     ),
-    "chaos": Script(script="chaos.py", output="--json", full=(), quick=("--quick",), smoke=("--quick",)),
+    "chaos": Script(script="tests/chaos/run.py", output="--json", full=(), quick=("--quick",), smoke=("--quick",)),
 }
 SECTIONS = (
     *("send", "drain", "latency", "enqueue", "keyed", "scale", "opentx", "memory", "compare", "mariadb"),
@@ -254,7 +259,7 @@ def main(argv: list[str] | None = None) -> int:
     for section, script in SCRIPTS.items():
         if section not in only:
             continue
-        print(f"{section} (bench/{script.script}) ...", flush=True)
+        print(f"{section} ({script.script}) ...", flush=True)
         t = time.monotonic()
         out[section] = run_script(script, section, size_name, dsn=dsn, with_mariadb=with_mariadb)
         print(f"  ({time.monotonic() - t:.0f}s)", flush=True)
@@ -294,11 +299,11 @@ def run_script(script: Script, section: str, size_name: str, *, dsn: str, with_m
         return {"failed": "no interpreter"}
     with tempfile.TemporaryDirectory() as tmp:
         output = Path(tmp) / f"{section}.json"
-        command = [python, str(ROOT / "bench" / script.script), *args, script.output, str(output)]
+        command = [python, str(ROOT / script.script), *args, script.output, str(output)]
         status = subprocess.run(command, cwd=ROOT, env=env).returncode
         figures = json.loads(output.read_text()) if output.exists() else {}
     if status:
-        print(f"! {section}: bench/{script.script} exited {status}", flush=True)
+        print(f"! {section}: {script.script} exited {status}", flush=True)
         return {**figures, "failed": status} if isinstance(figures, dict) else {"figures": figures, "failed": status}
     return figures
 

@@ -209,8 +209,6 @@ def test_every_script_section_takes_the_flag_the_harness_gives_its_json_file():
     for section, (script, flag, python) in scripts.items():
         if python and not os.path.exists(python):
             continue  # the Django 6 interpreter, made by the test command; its own cell runs the tasks tests
-        shown = subprocess.run(
-            [python or sys.executable, f"bench/{script}", "--help"], cwd=ROOT, capture_output=True, text=True
-        )
+        shown = subprocess.run([python or sys.executable, script, "--help"], cwd=ROOT, capture_output=True, text=True)
         assert shown.returncode == 0, (section, shown.stderr[-2000:])
         assert flag in shown.stdout, (section, script, flag)

@@ -1,6 +1,6 @@
 """The chaos run's consumer check ("count the nines") in its smallest form, so it cannot rot, and proof it can fail.
 
-The runs are real: bench/chaos.py starts producer and worker processes, the consumer kills itself between
+The runs are real: tests/chaos/run.py starts producer and worker processes, the consumer kills itself between
 its effect and its commit and after its commit, and the figures come from the consumer's tables.
 """
 
@@ -18,7 +18,7 @@ from typing import Any
 import pytest
 from django.db import connection
 
-from bench.chaos import audit_effects
+from tests.chaos.run import audit_effects
 from tests.support import IN_CI, ROOT
 
 SMALLEST = ("--messages", "100", "--duration", "3", "--producers", "1", "--workers", "2", "--timeout", "240")
@@ -27,7 +27,7 @@ SMALLEST = ("--messages", "100", "--duration", "3", "--producers", "1", "--worke
 def run_chaos(tmp_path: Path, *options: str) -> tuple[subprocess.CompletedProcess[str], dict[str, Any]]:
     output = tmp_path / "figures.json"
     run = subprocess.run(
-        [sys.executable, "bench/chaos.py", *SMALLEST, "--json", str(output), *options],
+        [sys.executable, "tests/chaos/run.py", *SMALLEST, "--json", str(output), *options],
         cwd=ROOT,
         env={k: v for k, v in os.environ.items() if k != "DJANGO_SETTINGS_MODULE"},
         capture_output=True,
@@ -61,9 +61,9 @@ def test_smallest_chaos_run_applies_every_effect_exactly_once(tmp_path: Path) ->
     database = {"postgresql": "postgresql", "mysql": "mariadb"}.get(connection.vendor, "sqlite")
     missing = None
     if database == "postgresql" and not (glob.glob("/usr/lib/postgresql/*/bin/pg_ctl") or shutil.which("pg_ctl")):
-        missing = "bench/chaos.py needs PostgreSQL's server binaries for its private cluster"
+        missing = "tests/chaos/run.py needs PostgreSQL's server binaries for its private cluster"
     if database == "mariadb" and not (shutil.which("mariadbd") or Path("/usr/sbin/mariadbd").exists()):
-        missing = "bench/chaos.py needs MariaDB's server binaries (mariadbd) for its private server"
+        missing = "tests/chaos/run.py needs MariaDB's server binaries (mariadbd) for its private server"
     if missing:
         if IN_CI:
             pytest.fail(f"{missing}; under CI=true this is a failure")
@@ -131,7 +131,7 @@ def test_smallest_chaos_run_through_a_restarted_and_paused_pooler(tmp_path: Path
 def test_the_pooler_needs_the_private_postgresql() -> None:
     """PgBouncer stands in front of a PostgreSQL server: on SQLite the option is refused before anything starts."""
     run = subprocess.run(
-        [sys.executable, "bench/chaos.py", "--pooler", "transaction", "--database", "sqlite"],
+        [sys.executable, "tests/chaos/run.py", "--pooler", "transaction", "--database", "sqlite"],
         cwd=ROOT,
         capture_output=True,
         text=True,

@@ -3,7 +3,7 @@
 Production Django sites on PostgreSQL mostly reach it through a pooler; the tests put one in the way to
 show what the outbox does there. ``PgBouncer(mode)`` starts one in ``transaction`` or ``session``
 pooling; ``admin()`` runs a command on its console (``PAUSE``, ``RESUME``, ``SHOW POOLS``...); ``restart()`` kills it
-and starts it again on the same port (bench/chaos.py's pooler faults use both).
+and starts it again on the same port (tests/chaos/run.py's pooler faults use both).
 """
 
 from __future__ import annotations

@@ -1,4 +1,4 @@
-"""A TCP proxy on loopback that can cut and refuse connections: broker outages for tests and bench/chaos.py.
+"""A TCP proxy on loopback that can cut and refuse connections: broker outages for tests and tests/chaos/run.py.
 
 Needs nothing but the standard library, so the chaos runner can use it before Django is set up.
 """

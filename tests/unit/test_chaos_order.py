@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from bench.chaos import keys_out_of_order
+from tests.chaos.run import keys_out_of_order
 
 KEYS = {1: "a", 2: "b", 3: "a", 4: "a", 5: None, 6: "b"}
 

