@@ -91,7 +91,7 @@ def topologies(dsn: str, session: Any, transaction: Any) -> list[Topology]:
         Topology(
             "transaction_listen",
             "PgBouncer, transaction pooling, LISTEN_DATABASE direct",
-            polling,
+            transaction_url,
             dsn,
             {"BENCH_LISTEN_DATABASE_URL": dsn},
         ),
