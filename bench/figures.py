@@ -284,7 +284,7 @@ def _minimal_fill(ctx: Context, n: int) -> float:
         return time.time()
 
 
-def _busy(table: str, statuses: str) -> str:
+def busy_sql(table: str, statuses: str) -> str:
     return f"SELECT EXISTS (SELECT 1 FROM {table} WHERE status IN ({statuses}))"
 
 
@@ -292,7 +292,7 @@ OUTBOX_RESET = (
     f"TRUNCATE {tables.MESSAGE}, {tables.ATTEMPT} RESTART IDENTITY CASCADE",
     "TRUNCATE django_outbox_worker",
 )
-OUTBOX_BUSY = _busy(tables.MESSAGE, "'pending', 'processing'")
+OUTBOX_BUSY = busy_sql(tables.MESSAGE, "'pending', 'processing'")
 
 
 def _outbox_system(name: str, *options: str) -> System:
@@ -326,7 +326,7 @@ MINIMAL = System(
     ready="ready",
     reset=(f"TRUNCATE {MINIMAL_TABLE} RESTART IDENTITY",),
     fill=_minimal_fill,
-    busy=_busy(MINIMAL_TABLE, "'pending', 'processing'"),
+    busy=busy_sql(MINIMAL_TABLE, "'pending', 'processing'"),
 )
 
 
@@ -909,7 +909,7 @@ def _peers(ctx: Context) -> list[tuple[System, str, str, str | None]]:
             [procrastinate, "--app=bench.compare.procrastinate_app.app", "worker", "--queues=bench", "--concurrency=1"],
             ready=_procrastinate_ready,
             reset=("TRUNCATE procrastinate_jobs, procrastinate_events, procrastinate_workers CASCADE",),
-            busy=_busy("procrastinate_jobs", "'todo', 'doing'"),
+            busy=busy_sql("procrastinate_jobs", "'todo', 'doing'"),
         ),
         _peer(
             "django-tasks-db",
@@ -919,7 +919,7 @@ def _peers(ctx: Context) -> list[tuple[System, str, str, str | None]]:
             settings="bench.compare.tasks_settings",
             ready="Starting worker",
             reset=("TRUNCATE django_tasks_database_dbtaskresult",),
-            busy=_busy("django_tasks_database_dbtaskresult", "'READY', 'RUNNING'"),
+            busy=busy_sql("django_tasks_database_dbtaskresult", "'READY', 'RUNNING'"),
         ),
         _peer(
             "pgqueuer",
@@ -928,7 +928,7 @@ def _peers(ctx: Context) -> list[tuple[System, str, str, str | None]]:
             ["-m", "bench.compare.pgqueuer_app", "worker"],
             ready="ready",
             reset=("TRUNCATE pgqueuer, pgqueuer_log",),
-            busy=_busy("pgqueuer", "'queued', 'picked'"),
+            busy=busy_sql("pgqueuer", "'queued', 'picked'"),
         ),
         _peer(
             "django-jaiminho",

@@ -14,11 +14,8 @@ Run it with a Django 6 interpreter (the outbox's backend needs ``django.tasks``)
 
 from __future__ import annotations
 
-import argparse
 import datetime as dt
-import json
 import os
-import statistics
 import sys
 import time
 from dataclasses import dataclass
@@ -31,7 +28,8 @@ ROOT = Path(__file__).resolve().parent.parent
 if str(ROOT) not in sys.path:
     sys.path.insert(0, str(ROOT))
 
-from bench import procs, tables  # noqa: E402
+from bench import common, figures, procs, tables  # noqa: E402
+from bench.common import median  # noqa: E402
 
 DEFAULT_PEER_PYTHON = ROOT / "bench" / ".venv-compare" / "bin" / "python"
 
@@ -77,9 +75,7 @@ def peers(dsn: str, peer_python: str) -> list[Peer]:
             settings="bench.compare.tasks_settings",
             worker=["-m", "django", "db_worker", "--interval", "0.1", "--no-startup-delay", "--no-reload"],
             ready_line="Starting worker",
-            busy_sql=(
-                "SELECT EXISTS (SELECT 1 FROM django_tasks_database_dbtaskresult WHERE status IN ('READY', 'RUNNING'))"
-            ),
+            busy_sql=figures.busy_sql("django_tasks_database_dbtaskresult", "'READY', 'RUNNING'"),
             reset_sql=["TRUNCATE django_tasks_database_dbtaskresult"],
             system_env="django-tasks-db",
         ),
@@ -90,11 +86,8 @@ def peers(dsn: str, peer_python: str) -> list[Peer]:
             settings="bench.compare.outbox_tasks_settings",
             worker=[str(ROOT / "manage.py"), "outbox_worker", "--batch-size", "100"],
             ready_line="relaying",
-            busy_sql="SELECT EXISTS (SELECT 1 FROM django_outbox_message WHERE status IN ('pending', 'processing'))",
-            reset_sql=[
-                "TRUNCATE django_outbox_message, django_outbox_attempt RESTART IDENTITY CASCADE",
-                "TRUNCATE django_outbox_worker",
-            ],
+            busy_sql=figures.OUTBOX_BUSY,
+            reset_sql=list(figures.OUTBOX_RESET),
             system_env="outbox",
         ),
     ]
@@ -103,8 +96,8 @@ def peers(dsn: str, peer_python: str) -> list[Peer]:
 def drain_once(peer: Peer, processes: int, n: int) -> float:
     """Tasks per second for ``processes`` idle workers to drain ``n`` tasks committed at once."""
     with psycopg.connect(peer.dsn, autocommit=True) as conn:
-        for sql in peer.reset_sql:
-            conn.execute(sql)
+        for statement in peer.reset_sql:
+            conn.execute(statement)
     started = [procs.Proc([peer.python, *peer.worker], env=peer.env()) for _ in range(processes)]
     try:
         for p in started:
@@ -112,25 +105,15 @@ def drain_once(peer: Peer, processes: int, n: int) -> float:
         time.sleep(0.5)  # let them settle into their idle wait
         t0 = float(peer.run("fill", str(n)))
         with psycopg.connect(peer.dsn, autocommit=True) as poll:
-            deadline = time.monotonic() + 120 + n / 20
-            while True:
-                row = poll.execute(peer.busy_sql).fetchone()
-                if not (row and row[0]):
-                    break
-                for p in started:
-                    if not p.alive():
-                        raise RuntimeError(f"{peer.name} worker died:\n" + "\n".join(p.lines[-30:]))
-                if time.monotonic() >= deadline:
-                    raise RuntimeError(f"{peer.name} did not drain {n} tasks:\n" + "\n".join(started[0].lines[-30:]))
-                time.sleep(0.01)
-            t1 = time.time()
+            done = lambda: not (poll.execute(peer.busy_sql).fetchone() or [False])[0]  # noqa: E731
+            t1 = procs.wait_drained(done, started, f"{peer.name} draining {n}", 120 + n / 20)
     finally:
         procs.stop_all(started)
     return n / (t1 - t0)
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser = common.parser(__doc__)
     parser.add_argument("--messages", type=int, default=2000, help="tasks per drain for the outbox")
     parser.add_argument("--peer-messages", type=int, default=500, help="tasks per drain for django-tasks-db")
     parser.add_argument("--reps", type=int, default=3)
@@ -155,11 +138,10 @@ def main(argv: list[str] | None = None) -> int:
     }
     for processes in [int(x) for x in args.processes.split(",")]:
         rates: dict[str, list[float]] = {p.name: [] for p in systems}
-        for rep in range(args.reps):
-            order = systems if rep % 2 == 0 else systems[::-1]
-            for peer in order:
+        for first in common.interleaved(args.reps):
+            for peer in systems if first else systems[::-1]:
                 rates[peer.name].append(drain_once(peer, processes, sizes[peer.name]))
-        medians = {name: statistics.median(r) for name, r in rates.items()}
+        medians = {name: median(r) for name, r in rates.items()}
         result[f"x{processes}"] = {
             "per_s": medians,
             "reps": rates,
@@ -172,8 +154,7 @@ def main(argv: list[str] | None = None) -> int:
             flush=True,
         )
     output = args.output or ROOT / "bench" / "results" / f"tasks-{time.strftime('%Y%m%d-%H%M%S')}.json"
-    output.parent.mkdir(exist_ok=True)
-    output.write_text(json.dumps(result, indent=2) + "\n")
+    common.write_json(output, result)
     print(f"written to {output}")
     return 0
 
