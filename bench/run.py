@@ -264,219 +264,169 @@ def _rate(out: dict[str, Any]) -> float:
     return float(one["outbox_per_s"]) if one else 5000.0
 
 
+#: Table rows by figure: cells split at " | ", filled from the figure (``met``: whether its target is met).
+ROWS = {
+    "send": (
+        "a. send() in a one-row business transaction | {send_us_per_tx:.0f} µs/tx"
+        " | {minimal_us_per_tx:.0f} µs/tx (+1 INSERT, minimal table)"
+        " | {hand_written_us_per_tx:.0f} µs/tx (+INSERT+NOTIFY, own table) | {ratio_to_floor:.2f}x of the floor"
+        " | <= 1.1x, aim 1.05x {met}",
+        "a. same, OUTBOX NOTIFY off | {send_no_notify_us_per_tx:.0f} µs/tx | | "
+        " | {ratio_to_floor_no_notify:.2f}x of the floor | ",
+        "a. vs the transaction without a message | {ratio:.2f}x | {ratio_minimal:.2f}x | {ratio_hand_written:.2f}x"
+        " | added cost {added_cost_vs_minimal:.2f}x the minimal INSERT's | ",
+    ),
+    "send_batch": (
+        "a. 100 messages in one transaction vs 1 ({api}) | {send_100_us:.0f} vs {send_1_us:.0f} µs/tx"
+        " | {floor_100_us:.0f} vs {floor_1_us:.0f} µs/tx (one INSERT of 100) | "
+        " | {ratio:.2f}x (floor {floor_ratio:.2f}x) | <= 2x {met}",
+    ),
+    "drain": (
+        "b. drain, {processes} process(es), N={messages:,} | {outbox_per_s:,.0f} msg/s | {minimal_per_s:,.0f} msg/s"
+        " | {baseline_per_s:,.0f} msg/s ({same_table_to_minimal:.2f}x minimal)"
+        " | **{ratio:.2f}x** minimal, {ratio_same_table:.2f}x same-table | >= 0.5x, aim 0.8x {met}",
+    ),
+    "drain_one_thread": (
+        "b. same, {processes} process, --concurrency 1 | {one_thread_per_s:,.0f} msg/s | | "
+        " | {ratio_one_thread:.2f}x minimal | ",
+    ),
+    "latency": (
+        "c. commit to handler, unkeyed, {label} | p50 {u[p50_ms]:.1f} / p99 {u[p99_ms]:.1f} / max {u[max_ms]:.0f} ms"
+        " | p50 {m[p50_ms]:.1f} / p99 {m[p99_ms]:.1f} ms (LISTEN) | | p50 {unkeyed_p50_to_minimal:.1f}x minimal"
+        " | {target_unkeyed}",
+        "c. split, unkeyed, {label}: COMMIT itself / COMMIT's return to handler"
+        " | p50 {u[commit_p50_ms]:.1f} / {u[after_commit_p50_ms]:.1f} ms"
+        " (p99 {u[commit_p99_ms]:.1f} / {u[after_commit_p99_ms]:.1f})"
+        " | p50 {m[commit_p50_ms]:.1f} / {m[after_commit_p50_ms]:.1f} ms"
+        " (p99 {m[commit_p99_ms]:.1f} / {m[after_commit_p99_ms]:.1f}) | | | ",
+        "c. commit to handler, keyed, {label} | p50 {k[p50_ms]:.1f} / p99 {k[p99_ms]:.1f} / max {k[max_ms]:.0f} ms"
+        " | | | keyed/unkeyed p50 {keyed_p50_ratio:.1f}x, p99 {keyed_p99_ratio:.1f}x | {target_keyed}",
+    ),
+    "latency_sqlite": (
+        "c. commit to handler, SQLite, polling (poll {poll_interval_s:.1f}s) | p50 {p50_ms:.1f} / p99 {p99_ms:.1f} ms"
+        " | | | | ",
+    ),
+    "enqueue": (
+        "c. enqueue, {producers} producer process(es), NOTIFY on | {send_per_s:,.0f} tx/s"
+        " | {floor_notify_per_s:,.0f} tx/s (+INSERT+pg_notify) | | {ratio_notify:.2f}x | >= 0.9x {met_notify}",
+        "c. enqueue, {producers} producer process(es), NOTIFY off | {send_quiet_per_s:,.0f} tx/s"
+        " | {floor_per_s:,.0f} tx/s (+INSERT) | | {ratio_quiet:.2f}x (floor with pg_notify: {notify_cost:.2f}x"
+        " this floor) | >= 0.9x {met_quiet}",
+    ),
+    "claim_cost": (
+        "d. claim 100, {small[history_rows]:,} -> {large[history_rows]:,} rows of history"
+        " | {small[claim_ms]:.2f} -> {large[claim_ms]:.2f} ms | | | {ratio:.2f}x in units of the reference"
+        " | <= 1.10x {met}",
+        "d. reference: 100 rows by primary key, same table | {small[reference_ms]:.2f} -> {large[reference_ms]:.2f} ms"
+        " | | | claim = {small[claim_over_reference]:.1f} -> {large[claim_over_reference]:.1f} references | ",
+        "d. record 100 outcomes, same | {small[record_ms]:.2f} -> {large[record_ms]:.2f} ms | | "
+        " | {record_ratio:.2f}x (raw) | ",
+    ),
+    "open_transaction": (
+        "d. drain with a {window_s:.0f}s open transaction | {held_per_s:,.0f} msg/s | "
+        " | {free_per_s:,.0f} msg/s without | {ratio:.2f}x | drop {drop_percent:.0f}%",
+    ),
+    "memory": (
+        "e. worker RSS, {messages:,} messages | {final:.1f} MiB at the end (max {max:.1f}) | "
+        " | {warm:.1f} MiB after warm-up | {growth_percent:+.1f}% | flat",
+    ),
+    "compare": ("peer: {name}, {processes} process(es) | {per_s:,.0f} jobs/s | | | {vs_minimal} | ",),
+    "mariadb_drain": (
+        "f. MariaDB drain, {processes} process(es), N={messages:,} (poll {poll_ms:.0f} ms) | {outbox_per_s:,.0f} msg/s"
+        " | {reference_per_s:,.0f} msg/s (two-statement relay, twin table)"
+        " | {same_table_per_s:,.0f} msg/s ({same_table_to_reference:.2f}x the twin's)"
+        " | **{ratio:.2f}x** reference, {ratio_same_table:.2f}x same-table | >= 0.5x, aim 0.8x {met}",
+    ),
+    "mariadb_one_thread": (
+        "f. same, {processes} process, --concurrency 1 | {one_thread_per_s:,.0f} msg/s | | "
+        " | {ratio_one_thread:.2f}x reference | ",
+    ),
+    "mariadb_send": (
+        "f. MariaDB send() in a one-row business transaction | {send_us_per_tx:.0f} µs/tx | "
+        " | {floor_us_per_tx:.0f} µs/tx (+1 hand-written INSERT, own table)"
+        " | {send_vs_floor:.2f}x of the floor (keyed {send_keyed_vs_floor_keyed:.2f}x) | <= 1.1x {met}",
+        "f. MariaDB, vs the transaction without a message | {send_vs_plain:.2f}x | | {floor_vs_plain:.2f}x | | ",
+    ),
+}
+LATENCY_PHASES = {
+    "idle": "no bench neighbour",
+    "busy": "busy neighbour database",
+    "idle_async": "no bench neighbour, sender's COMMIT not waiting for the disk",
+}
+
+
+def _met(ok: Any) -> str:
+    return "(met)" if ok else "(missed)"
+
+
 def render(results: dict[str, Any]) -> str:
     """The results as a Markdown table: figure, project, minimal reference, same-table reference, ratio, target."""
     f = results["figures"]
-    rows: list[tuple[str, ...]] = []
+    rows: list[list[str]] = []
 
-    def row(*cells: str) -> None:
-        rows.append((*cells, *[""] * (6 - len(cells))))
-
-    if "send" in f:
-        s = f["send"]
-        row(
-            "a. send() in a one-row business transaction",
-            f"{s['send_us_per_tx']:.0f} µs/tx",
-            f"{s['minimal_us_per_tx']:.0f} µs/tx (+1 INSERT, minimal table)",
-            f"{s['hand_written_us_per_tx']:.0f} µs/tx (+INSERT+NOTIFY, own table)",
-            f"{s['ratio_to_floor']:.2f}x of the floor",
-            f"<= 1.1x, aim 1.05x {_ok(s)}",
-        )
-        row(
-            "a. same, OUTBOX NOTIFY off",
-            f"{s['send_no_notify_us_per_tx']:.0f} µs/tx",
-            "",
-            "",
-            f"{s['ratio_to_floor_no_notify']:.2f}x of the floor",
-        )
-        row(
-            "a. vs the transaction without a message",
-            f"{s['ratio']:.2f}x",
-            f"{s['ratio_minimal']:.2f}x",
-            f"{s['ratio_hand_written']:.2f}x",
-            f"added cost {s['added_cost_vs_minimal']:.2f}x the minimal INSERT's",
-        )
-    if "send_batch" in f:
-        b = f["send_batch"]
-        row(
-            f"a. 100 messages in one transaction vs 1 ({b['api']})",
-            f"{b['send_100_us']:.0f} vs {b['send_1_us']:.0f} µs/tx",
-            f"{b['floor_100_us']:.0f} vs {b['floor_1_us']:.0f} µs/tx (one INSERT of 100)",
-            "",
-            f"{b['ratio']:.2f}x (floor {b['floor_ratio']:.2f}x)",
-            f"<= 2x {_ok(b)}",
-        )
-    for processes, d in f.get("drain", {}).get("by_processes", {}).items():
-        row(
-            f"b. drain, {processes} process(es), N={f['drain']['messages']:,}",
-            f"{d['outbox_per_s']:,.0f} msg/s",
-            f"{d['minimal_per_s']:,.0f} msg/s",
-            f"{d['baseline_per_s']:,.0f} msg/s ({d['same_table_to_minimal']:.2f}x minimal)",
-            f"**{d['ratio']:.2f}x** minimal, {d['ratio_same_table']:.2f}x same-table",
-            f">= 0.5x, aim 0.8x {_ok(d)}",
-        )
-        if "ratio_one_thread" in d:
-            row(
-                f"b. same, {processes} process, --concurrency 1",
-                f"{d['one_thread_per_s']:,.0f} msg/s",
-                "",
-                "",
-                f"{d['ratio_one_thread']:.2f}x minimal",
+    def add(rows_of: str, figure: dict[str, Any], **extra: Any) -> None:
+        for template in ROWS[rows_of]:
+            rows.append(
+                [cell.strip() for cell in template.format(**figure, met=_met(figure.get("ok")), **extra).split("|")]
             )
+
+    for name in ("send", "send_batch"):
+        if name in f:
+            add(name, f[name])
+    for processes, d in f.get("drain", {}).get("by_processes", {}).items():
+        add("drain", d, processes=processes, messages=f["drain"]["messages"])
+        if "ratio_one_thread" in d:
+            add("drain_one_thread", d, processes=processes)
     if "latency_neighbour" in f:
         lat = f["latency_neighbour"]
-        phases = (
-            ("idle", "no bench neighbour"),
-            ("busy", "busy neighbour database"),
-            ("idle_async", "no bench neighbour, sender's COMMIT not waiting for the disk"),
-        )
-        for phase, label in phases:
-            p, m = lat[phase], lat[phase]["minimal"]
-            for kind in ("unkeyed", "keyed"):
-                k = p[kind]
-                target = ""
-                if phase == "idle" and kind == "unkeyed":
-                    target = f"p50 <= 2, p99 <= 5 {'(met)' if lat['ok_idle'] else '(missed)'}"
-                if phase == "busy" and kind == "keyed":
-                    target = f"<= 2x / 3x {'(met)' if lat['ok_keyed'] else '(missed)'}"
-                row(
-                    f"c. commit to handler, {kind}, {label}",
-                    f"p50 {k['p50_ms']:.1f} / p99 {k['p99_ms']:.1f} / max {k['max_ms']:.0f} ms",
-                    f"p50 {m['p50_ms']:.1f} / p99 {m['p99_ms']:.1f} ms (LISTEN)" if kind == "unkeyed" else "",
-                    "",
-                    f"keyed/unkeyed p50 {p['keyed_p50_ratio']:.1f}x, p99 {p['keyed_p99_ratio']:.1f}x"
-                    if kind == "keyed"
-                    else f"p50 {p['unkeyed_p50_to_minimal']:.1f}x minimal",
-                    target,
-                )
-                if kind == "unkeyed":
-                    split = "p50 {commit_p50_ms:.1f} / {after_commit_p50_ms:.1f} ms"
-                    split += " (p99 {commit_p99_ms:.1f} / {after_commit_p99_ms:.1f})"
-                    row(
-                        f"c. split, unkeyed, {label}: COMMIT itself / COMMIT's return to handler",
-                        split.format(**k),
-                        split.format(**m),
-                    )
+        for phase, label in LATENCY_PHASES.items():
+            p = lat[phase]
+            targets = {"target_unkeyed": "", "target_keyed": ""}
+            if phase == "idle":
+                targets["target_unkeyed"] = f"p50 <= 2, p99 <= 5 {_met(lat['ok_idle'])}"
+            if phase == "busy":
+                targets["target_keyed"] = f"<= 2x / 3x {_met(lat['ok_keyed'])}"
+            add("latency", p, label=label, u=p["unkeyed"], k=p["keyed"], m=p["minimal"], **targets)
     if "latency_sqlite" in f:
-        lat = f["latency_sqlite"]
-        row(
-            f"c. commit to handler, SQLite, polling (poll {lat['poll_interval_s']:.1f}s)",
-            f"p50 {lat['p50_ms']:.1f} / p99 {lat['p99_ms']:.1f} ms",
-        )
+        add("latency_sqlite", f["latency_sqlite"])
     for producers, e in f.get("enqueue", {}).get("by_producers", {}).items():
-        for notify, mode, floor, reference, extra in (
-            ("on", "send", "floor_notify", "+INSERT+pg_notify", ""),
-            ("off", "send_quiet", "floor", "+INSERT", f" (floor with pg_notify: {e['notify_cost']:.2f}x this floor)"),
-        ):
-            r = e["ratio_notify" if notify == "on" else "ratio_quiet"]
-            row(
-                f"c. enqueue, {producers} producer process(es), NOTIFY {notify}",
-                f"{e[mode + '_per_s']:,.0f} tx/s",
-                f"{e[floor + '_per_s']:,.0f} tx/s ({reference})",
-                "",
-                f"{r:.2f}x{extra}",
-                f">= 0.9x {'(met)' if r >= 0.9 else '(missed)'}",
-            )
-    if "claim_cost" in f:
-        c = f["claim_cost"]
-        small, large = c["small"], c["large"]
-        row(
-            f"d. claim 100, {small['history_rows']:,} -> {large['history_rows']:,} rows of history",
-            f"{small['claim_ms']:.2f} -> {large['claim_ms']:.2f} ms",
-            "",
-            "",
-            f"{c['ratio']:.2f}x in units of the reference",
-            f"<= 1.10x {_ok(c)}",
+        add(
+            "enqueue",
+            e,
+            producers=producers,
+            met_notify=_met(e["ratio_notify"] >= 0.9),
+            met_quiet=_met(e["ratio_quiet"] >= 0.9),
         )
-        row(
-            "d. reference: 100 rows by primary key, same table",
-            f"{small['reference_ms']:.2f} -> {large['reference_ms']:.2f} ms",
-            "",
-            "",
-            f"claim = {small['claim_over_reference']:.1f} -> {large['claim_over_reference']:.1f} references",
-        )
-        row(
-            "d. record 100 outcomes, same",
-            f"{small['record_ms']:.2f} -> {large['record_ms']:.2f} ms",
-            "",
-            "",
-            f"{c['record_ratio']:.2f}x (raw)",
-        )
-    if "open_transaction" in f:
-        o = f["open_transaction"]
-        row(
-            f"d. drain with a {o['window_s']:.0f}s open transaction",
-            f"{o['held_per_s']:,.0f} msg/s",
-            "",
-            f"{o['free_per_s']:,.0f} msg/s without",
-            f"{o['ratio']:.2f}x",
-            f"drop {o['drop_percent']:.0f}%",
-        )
+    for name in ("claim_cost", "open_transaction"):
+        if name in f:
+            add(name, f[name])
     if "memory" in f:
         m = f["memory"]
-        row(
-            f"e. worker RSS, {m['messages']:,} messages",
-            f"{m['rss_final_kib'] / 1024:.1f} MiB at the end (max {m['rss_max_kib'] / 1024:.1f})",
-            "",
-            f"{m['rss_after_warmup_kib'] / 1024:.1f} MiB after warm-up",
-            f"{m['growth_percent']:+.1f}%",
-            "flat",
+        add(
+            "memory",
+            m,
+            final=m["rss_final_kib"] / 1024,
+            max=m["rss_max_kib"] / 1024,
+            warm=m["rss_after_warmup_kib"] / 1024,
         )
     for name, by in f.get("compare", {}).items():
         for processes, c in by.items() if isinstance(by, dict) else ():
             minimal = c.get("ratio_to_minimal")
-            row(
-                f"peer: {name}, {processes} process(es)",
-                f"{c['per_s']:,.0f} jobs/s",
-                "",
-                "",
-                f"{minimal:.3f}x minimal" if minimal else "",
-            )
+            add("compare", c, name=name, processes=processes, vs_minimal=f"{minimal:.3f}x minimal" if minimal else "")
     if "mariadb" in f:
-        _mariadb_rows(f["mariadb"], row)
-    return markdown(("figure", "project", "minimal reference", "same-table reference", "ratio", "target"), rows)
-
-
-def _mariadb_rows(m: dict[str, Any], row: Any) -> None:
-    """The MariaDB section: the references are the hand-written two-statement relay and INSERT floor."""
-    drain = m["drain"]
-    for processes, d in drain["by_processes"].items():
-        row(
-            f"f. MariaDB drain, {processes} process(es), N={drain['messages']:,}"
-            f" (poll {drain['poll_interval_s'] * 1000:.0f} ms)",
-            f"{d['outbox_per_s']:,.0f} msg/s",
-            f"{d['reference_per_s']:,.0f} msg/s (two-statement relay, twin table)",
-            f"{d['same_table_per_s']:,.0f} msg/s ({d['same_table_to_reference']:.2f}x the twin's)",
-            f"**{d['ratio']:.2f}x** reference, {d['ratio_same_table']:.2f}x same-table",
-            f">= 0.5x, aim 0.8x {_ok(d)}",
-        )
-        if "one_thread_per_s" in d:
-            row(
-                f"f. same, {processes} process, --concurrency 1",
-                f"{d['one_thread_per_s']:,.0f} msg/s",
-                "",
-                "",
-                f"{d['ratio_one_thread']:.2f}x reference",
+        drain = f["mariadb"]["drain"]
+        for processes, d in drain["by_processes"].items():
+            add(
+                "mariadb_drain",
+                d,
+                processes=processes,
+                messages=drain["messages"],
+                poll_ms=drain["poll_interval_s"] * 1000,
             )
-    s = m["send"]
-    row(
-        "f. MariaDB send() in a one-row business transaction",
-        f"{s['send_us_per_tx']:.0f} µs/tx",
-        "",
-        f"{s['floor_us_per_tx']:.0f} µs/tx (+1 hand-written INSERT, own table)",
-        f"{s['send_vs_floor']:.2f}x of the floor (keyed {s['send_keyed_vs_floor_keyed']:.2f}x)",
-        f"<= 1.1x {_ok(s)}",
-    )
-    row(
-        "f. MariaDB, vs the transaction without a message",
-        f"{s['send_vs_plain']:.2f}x",
-        "",
-        f"{s['floor_vs_plain']:.2f}x",
-    )
-
-
-def _ok(figure: dict[str, Any]) -> str:
-    return "(met)" if figure.get("ok") else "(missed)"
+            if "one_thread_per_s" in d:
+                add("mariadb_one_thread", d, processes=processes)
+        add("mariadb_send", f["mariadb"]["send"])
+    return markdown(("figure", "project", "minimal reference", "same-table reference", "ratio", "target"), rows)
 
 
 if __name__ == "__main__":
