@@ -305,7 +305,7 @@ def run(args: argparse.Namespace) -> int:
             rates[target].append(rate)
             print(f"round {round_number}: {target:<9} {rate:>8.0f} msg/s", flush=True)
     baseline = median(rates["noop"])
-    rows = [
+    rows: list[dict[str, Any]] = [
         {"destination": t, "median_rate": round(median(r)), "ratio": round(median(r) / baseline, 3), "rates": r}
         for t, r in rates.items()
     ]

@@ -446,8 +446,12 @@ def neighbour_dsn(ctx: Context) -> str:
 #: The latency figure's messages, in turn: the outbox's keyed and unkeyed, and the minimal relay's rows.
 LATENCY_KINDS = ("keyed", "unkeyed", "minimal")
 #: Per kind and phase: commit to handler, then its split (COMMIT's own time, and from its return on).
-LATENCY_FIGURES = ("p50_ms", "p99_ms", "max_ms", "commit_p50_ms", "commit_p99_ms")
-LATENCY_FIGURES += ("after_commit_p50_ms", "after_commit_p99_ms")
+LATENCY_FIGURES = (
+    "p50_ms",
+    "p99_ms",
+    "max_ms",
+    *(f"{s}_p{q}_ms" for s in ("commit", "after_commit") for q in (50, 99)),
+)
 
 
 def latency_neighbour(ctx: Context) -> Json:

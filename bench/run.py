@@ -173,7 +173,6 @@ def main(argv: list[str] | None = None) -> int:
     ctx = figures.Context(dsn=dsn, sizes=sizes, compare_python=compare_python, log=lambda s: print(s, flush=True))
     results: dict[str, Any] = {"mode": size_name, "environment": figures.environment(dsn), "figures": {}}
     out = results["figures"]
-    maria = dict(processes=sizes.mariadb_processes, reps=sizes.reps, transactions=sizes.mariadb_transactions)
     # (section, JSON key, title, measure)
     steps: list[tuple[str, str, str, Any]] = [
         ("send", "send", "a. send() overhead", lambda: figures.send_overhead(ctx)),
@@ -196,7 +195,14 @@ def main(argv: list[str] | None = None) -> int:
             "mariadb",
             "mariadb",
             "f. MariaDB: drain and send()",
-            lambda: mariadb.measure(mariadb.url(), messages=sizes.mariadb_messages, log=ctx.log, **maria),
+            lambda: mariadb.measure(
+                mariadb.url(),
+                messages=sizes.mariadb_messages,
+                processes=sizes.mariadb_processes,
+                reps=sizes.reps,
+                transactions=sizes.mariadb_transactions,
+                log=ctx.log,
+            ),
         ),
     ]
     steps += [

@@ -379,14 +379,19 @@ def main(argv: list[str] | None = None) -> int:
 def render(results: Json) -> str:
     """Markdown: per topology, the latency beside its NOTIFY limit, and the drain rates beside direct."""
     f = results["figures"]
-    rows = []
+    rows: list[tuple[str, ...]] = []
     for lat in f["latency"].values():
         limit = (
             f"{lat['notify_p50_ms']:.2f} / {lat['notify_p99_ms']:.2f} ms" if "notify_p50_ms" in lat else "none hears"
         )
         ms = f"{lat['p50_ms']:.1f} / {lat['p95_ms']:.1f} / {lat['p99_ms']:.1f} ms"
         rows.append((lat["label"], ms, limit, f"{lat['p50_ratio_to_direct']:.2f}x"))
-    header = ("topology", "commit to handler p50 / p95 / p99", "NOTIFY alone p50 / p99 (same path)", "p50 vs direct")
+    header: tuple[str, ...] = (
+        "topology",
+        "commit to handler p50 / p95 / p99",
+        "NOTIFY alone p50 / p99 (same path)",
+        "p50 vs direct",
+    )
     tables_ = [markdown(header, rows)]
     for key in ("drain", "prepared"):
         rows = []
