@@ -29,63 +29,47 @@ from .minimal_relay import TABLE as MINIMAL_TABLE
 
 @dataclass(kw_only=True)
 class Sizes:
-    reps: int
-    send_transactions: int
-    drain_messages: int
-    drain_processes: tuple[int, ...]
-    latency_messages: int
-    history_small: int
-    history_large: int
-    claim_batches: int
-    open_tx_seconds: float
-    memory_messages: int
-    compare_messages: int
+    """A run's sizes; the defaults are the full run's."""
+
+    reps: int = 3
+    send_transactions: int = 2000
     send_reps: int = 5
-    #: transactions per enqueue round, split among the producers
-    enqueue_transactions: int = 800
+    drain_messages: int = 40_000
+    drain_processes: tuple[int, ...] = (1, 2, 4)
+    one_thread: bool = True  # also drain with ``--concurrency 1`` at one process
+    latency_messages: int = 200
+    history_small: int = 10_000
+    history_large: int = 1_000_000
+    claim_batches: int = 50
+    open_tx_seconds: float = 60
+    memory_messages: int = 200_000
+    compare_messages: int = 3000
+    enqueue_transactions: int = 1600  # per round, split among the producers
     enqueue_producers: tuple[int, ...] = (1, 4, 16)
-    #: also drain with ``--concurrency 1`` at one process
-    one_thread: bool = True
-    #: the MariaDB section (bench/mariadb.py): backlog, process counts, send() transactions per kind and repetition
-    mariadb_messages: int = 10_000
+    mariadb_messages: int = 40_000  # bench/mariadb.py: backlog, process counts, send() transactions
     mariadb_processes: tuple[int, ...] = (1, 2)
-    mariadb_transactions: int = 300
+    mariadb_transactions: int = 1000
 
 
 SIZES = {
-    "full": Sizes(
-        reps=3,
-        send_transactions=2000,
-        drain_messages=40_000,
-        drain_processes=(1, 2, 4),
-        latency_messages=200,
-        history_small=10_000,
-        history_large=1_000_000,
-        claim_batches=50,
-        open_tx_seconds=60,
-        memory_messages=200_000,
-        compare_messages=3000,
-        enqueue_transactions=1600,
-        mariadb_messages=40_000,
-        mariadb_transactions=1000,
-    ),
+    "full": Sizes(),
     "quick": Sizes(
-        reps=3,
         send_transactions=150,
         drain_messages=5000,
-        drain_processes=(1, 2, 4),
-        latency_messages=200,
-        history_small=10_000,
+        one_thread=False,
         history_large=200_000,
         claim_batches=20,
         open_tx_seconds=5,
         memory_messages=30_000,
         compare_messages=500,
-        one_thread=False,
+        enqueue_transactions=800,
+        mariadb_messages=10_000,
+        mariadb_transactions=300,
     ),
     "smoke": Sizes(
         reps=1,
         send_transactions=20,
+        send_reps=1,
         drain_messages=300,
         drain_processes=(1,),
         latency_messages=10,
@@ -95,7 +79,6 @@ SIZES = {
         open_tx_seconds=1,
         memory_messages=500,
         compare_messages=50,
-        send_reps=1,
         enqueue_transactions=32,
         enqueue_producers=(1, 4),
         mariadb_messages=300,
@@ -138,7 +121,7 @@ def _execute(statement: str, params: Any) -> None:
         cursor.execute(statement, params)
 
 
-def _outbox_settings(**changes: Any) -> Any:
+def outbox_settings(**changes: Any) -> Any:
     from django.conf import settings
     from django.test import override_settings
 
@@ -176,7 +159,7 @@ def send_overhead(ctx: Context) -> Json:
     reps: list[Json] = []
     for _ in range(ctx.sizes.send_reps):
         times = run(modes)
-        with _outbox_settings(NOTIFY=False):
+        with outbox_settings(NOTIFY=False):
             quiet = run(["plain", "send", "minimal"])
         times["plain_2"], times["send_no_notify"], times["minimal_2"] = quiet["plain"], quiet["send"], quiet["minimal"]
         reps.append(times)
@@ -733,7 +716,7 @@ def _claim_and_record(mode: str, errors: dict[str, str]) -> tuple[float, float |
 
     from django_outbox import store
 
-    with _outbox_settings(PREPARED_STATEMENTS=mode == "prepared"):
+    with outbox_settings(PREPARED_STATEMENTS=mode == "prepared"):
         t = time.perf_counter()
         batch = store.claim("default", worker=f"bench:{mode}", limit=100, lease_seconds=60)
         claim_s = time.perf_counter() - t
