@@ -1,15 +1,11 @@
 """Django tasks: django-tasks-db's workload against ``django_outbox.tasks.OutboxBackend``, same run.
 
-The workload of the peer benchmark: N no-op tasks, each enqueued with a business row in one
-committed transaction, drained by 1 and by 4 idle worker processes (``db_worker`` for django-tasks-db,
-``outbox_worker`` for the outbox). Each figure is the median of the repetitions, the two systems taking
-turns to go first; both on the same PostgreSQL server, in databases of their own.
-
-    bench/compare_setup.sh          # once: django-tasks + django-tasks-db in bench/.venv-compare
     DATABASE_URL=postgres://postgres@127.0.0.1:5432/bench_tasks \\
         .venv-django6/bin/python bench/tasks.py [--messages 2000] [--peer-messages 500] [--reps 3]
 
-Run it with a Django 6 interpreter (the outbox's backend needs ``django.tasks``).
+N no-op tasks, each enqueued with a business row in one committed transaction, drained by 1 and 4 idle
+workers (``db_worker``, ``outbox_worker``), the systems taking turns to go first, each in a database of its
+own on the same server. Needs Django 6 (``django.tasks``) and bench/compare_setup.sh's environment.
 """
 
 from __future__ import annotations
