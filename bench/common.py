@@ -76,6 +76,14 @@ def order_payload(order: Any) -> Json:
     return {"order_id": order.pk, "item": order.item, "quantity": order.quantity}
 
 
+def execute(statement: str, params: Any = None) -> None:
+    """One statement on Django's default connection, its result left unread (for timed statements)."""
+    from django.db import connection
+
+    with connection.cursor() as cursor:
+        cursor.execute(statement, params)
+
+
 def sql(statement: str, params: Any = None) -> list[tuple[Any, ...]]:
     """Run one statement on Django's default connection; its rows, if any."""
     from django.db import connection

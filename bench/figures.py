@@ -19,7 +19,18 @@ from urllib.parse import urlparse
 import psycopg
 
 from . import procs, tables
-from .common import Json, business_transaction, interleaved, median, order_payload, per_transaction, percentile, rotated
+from .common import (
+    Json,
+    business_transaction,
+    execute,
+    interleaved,
+    median,
+    order_payload,
+    per_transaction,
+    percentile,
+    rotated,
+    sql,
+)
 from .common import ratio as _ratio
 from .minimal_relay import CREATE as MINIMAL_CREATE
 from .minimal_relay import FILL as MINIMAL_FILL
@@ -114,13 +125,6 @@ HAND_WRITTEN_SEND = (
 )
 
 
-def _execute(statement: str, params: Any) -> None:
-    from django.db import connection
-
-    with connection.cursor() as cursor:
-        cursor.execute(statement, params)
-
-
 def outbox_settings(**changes: Any) -> Any:
     from django.conf import settings
     from django.test import override_settings
@@ -144,9 +148,9 @@ def send_overhead(ctx: Context) -> Json:
         if mode == "send":
             outbox.send("bench.noop", payload)
         elif mode == "minimal":
-            _execute(INSERT_ONE, [json.dumps(payload)])
+            execute(INSERT_ONE, [json.dumps(payload)])
         elif mode == "hand_written":
-            _execute(HAND_WRITTEN_SEND, [json.dumps(payload)])
+            execute(HAND_WRITTEN_SEND, [json.dumps(payload)])
         elif mode == "second_row":
             type(order).objects.create(customer_email="buyer@example.com", item="book", quantity=order.quantity)
 
@@ -202,9 +206,9 @@ def send_batch(ctx: Context) -> Json:
         if mode.startswith("send"):
             outbox.send_many([{"topic": "bench.noop", "payload": p} for p in payloads])
         elif len(payloads) == 1:
-            _execute(INSERT_ONE, [json.dumps(payloads[0])])
+            execute(INSERT_ONE, [json.dumps(payloads[0])])
         else:
-            _execute(INSERT_MANY, [[json.dumps(p) for p in payloads]])
+            execute(INSERT_MANY, [[json.dumps(p) for p in payloads]])
 
     modes = ["send_1", "send_100", "floor_1", "floor_100"]
     reps: list[Json] = []
@@ -445,7 +449,7 @@ def latency_neighbour(ctx: Context) -> Json:
     row. In ``busy``, ``bench/neighbour.py`` runs tiny write transactions in ``<name>_neighbour``; the
     phases alternate their order. Figures: medians over the repetitions of each repetition's percentile.
     """
-    from django.db import connection, transaction
+    from django.db import transaction
 
     from django_outbox import outbox
 
@@ -458,13 +462,12 @@ def latency_neighbour(ctx: Context) -> Json:
         conn.execute(MINIMAL.reset[0])
 
     def send(i: int, kind: str, flush: bool) -> str:
-        with transaction.atomic(), connection.cursor() as cursor:
+        with transaction.atomic():
             if not flush:  # this transaction only: COMMIT returns (and NOTIFY goes) before the WAL flush
-                cursor.execute("SET LOCAL synchronous_commit = off")
+                execute("SET LOCAL synchronous_commit = off")
             if kind == "minimal":  # the reference: one row into the minimal table, one NOTIFY
-                cursor.execute(INSERT_ONE + " RETURNING id", [json.dumps({"n": i})])
-                row_id = f"m{cursor.fetchone()[0]}"
-                cursor.execute("SELECT pg_notify('bench_minimal', '')")
+                row_id = f"m{sql(INSERT_ONE + ' RETURNING id', [json.dumps({'n': i})])[0][0]}"
+                execute("SELECT pg_notify('bench_minimal', '')")
             else:
                 key = f"k{i // len(LATENCY_KINDS) % 10}" if kind == "keyed" else None
                 row_id = str(outbox.send("bench.latency", {"n": i}, key=key, headers={"bench-latency": "1"}).id)

@@ -42,10 +42,10 @@ def measure(transactions: int, reps: int, log: Any) -> dict[str, Any]:
         elif mode == "send_keyed":
             outbox.send("bench.noop", payload, key=key)
         elif mode == "floor":
-            common.sql(FLOOR, [None, json.dumps(payload)])
+            common.execute(FLOOR, [None, json.dumps(payload)])
         elif mode == "floor_keyed":
-            common.sql(LOCK, [key])
-            common.sql(FLOOR, [key, json.dumps(payload)])
+            common.execute(LOCK, [key])
+            common.execute(FLOOR, [key, json.dumps(payload)])
 
     def run(n: int) -> dict[str, float]:
         return common.per_transaction(MODES, n, lambda m, i: common.business_transaction(i, lambda o: write(m, i, o)))

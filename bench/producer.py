@@ -28,7 +28,7 @@ def main() -> None:
     import django
 
     django.setup()
-    from bench.common import business_transaction, order_payload, sql
+    from bench.common import business_transaction, execute, order_payload
     from bench.figures import outbox_settings
     from bench.minimal_relay import INSERT_ONE
     from django_outbox import outbox
@@ -44,9 +44,9 @@ def main() -> None:
         elif mode == "key_many":
             outbox.send("bench.noop", payload, key=f"{os.getpid()}-{i}")
         else:
-            sql(INSERT_ONE, [json.dumps(payload)])
+            execute(INSERT_ONE, [json.dumps(payload)])
             if mode == "floor_notify":
-                sql("SELECT pg_notify('django_outbox', '')")
+                execute("SELECT pg_notify('django_outbox', '')")
 
     for i in range(3):  # warm-up: connection, caches, plans
         business_transaction(i, partial(write, "send", i))
