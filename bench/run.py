@@ -38,89 +38,76 @@ DEFAULT_COMPARE_PYTHON = ROOT / "bench" / ".venv-compare" / "bin" / "python"
 DJANGO6_PYTHON = ROOT / ".venv-django6" / "bin" / "python"
 
 
-@dataclasses.dataclass(frozen=True, kw_only=True)
+@dataclasses.dataclass(frozen=True)
 class Script:
     """A section that needs a process of its own: its own Django settings (read once per process), private
     servers (chaos, autovacuum), brokers or another interpreter (tasks: Django 6)."""
 
     script: str  # from the repository's root
     output: str  # the script's flag for its JSON file
-    full: tuple[str, ...] = ()
-    quick: tuple[str, ...] = ()
-    smoke: tuple[str, ...] = ()
+    full: str = ""  # the arguments of each size
+    quick: str = ""
+    smoke: str = ""
     database: bool = False  # gets DATABASE_URL: a PostgreSQL database of its own, beside the harness's
     mariadb: bool = False  # takes --databases: postgresql, and mysql when a MariaDB answers
     python: Path | None = None  # the interpreter it needs, when not this one
 
 
-#: The sections run by their own script, in this order after the harness's own (``STEPS`` in ``main``).
+#: The sections run by their own script, in this order after the harness's own.
 SCRIPTS: dict[str, Script] = {
     "send_many": Script(
-        script="bench/send_many_scale.py",
-        output="--output",
+        "bench/send_many_scale.py",
+        "--output",
         database=True,
-        quick=("--items", "5000", "--keyed-items", "20000", "--reps", "3"),
-        smoke=("--items", "200", "--keyed-items", "500", "--reps", "1"),
+        quick="--items 5000 --keyed-items 20000 --reps 3",
+        smoke="--items 200 --keyed-items 500 --reps 1",
     ),
     "keyed_drain": Script(
-        script="bench/keyed_drain.py",
-        output="--json",
+        "bench/keyed_drain.py",
+        "--json",
         mariadb=True,
-        quick=("--messages", "6000", "--backlogs", "1000,10000", "--cut", "60"),
-        smoke=("--messages", "300", "--keys", "0,5,1", "--reps", "1", "--backlogs", "1000", "--cut", "30"),
+        quick="--messages 6000 --backlogs 1000,10000 --cut 60",
+        smoke="--messages 300 --keys 0,5,1 --reps 1 --backlogs 1000 --cut 30",
     ),
     "brokers": Script(
-        script="bench/brokers.py",
-        output="--json",
+        "bench/brokers.py",
+        "--json",
         database=True,
-        quick=("--messages", "5000", "--rounds", "3"),
-        smoke=("--messages", "200", "--rounds", "1"),
+        quick="--messages 5000 --rounds 3",
+        smoke="--messages 200 --rounds 1",
     ),
-    "topology": Script(
-        script="bench/topology.py", output="--output", database=True, quick=("--quick",), smoke=("--smoke",)
-    ),
-    "stop": Script(
-        script="bench/stop.py",
-        output="--output",
-        database=True,
-        quick=("--runs", "3"),
-        smoke=("--runs", "3", "--idle", "0.5"),
-    ),
+    "topology": Script("bench/topology.py", "--output", database=True, quick="--quick", smoke="--smoke"),
+    "stop": Script("bench/stop.py", "--output", database=True, quick="--runs 3", smoke="--runs 3 --idle 0.5"),
     "migrations": Script(
-        script="bench/online_migrations.py",
-        output="--json",
+        "bench/online_migrations.py",
+        "--json",
         mariadb=True,
-        quick=("--rows", "1000000", "--reps", "3"),
-        smoke=("--rows", "20000", "--pending", "1000", "--reps", "1"),
+        quick="--rows 1000000 --reps 3",
+        smoke="--rows 20000 --pending 1000 --reps 1",
     ),
     "autovacuum": Script(
-        script="bench/autovacuum.py",
-        output="--json",
-        quick=("--history", "200000", "--seconds", "60", "--reps", "1"),
-        smoke=("--history", "20000", "--rate", "100", "--seconds", "10", "--reps", "1"),
+        "bench/autovacuum.py",
+        "--json",
+        quick="--history 200000 --seconds 60 --reps 1",
+        smoke="--history 20000 --rate 100 --seconds 10 --reps 1",
     ),
     "admin": Script(
-        script="bench/admin_scale.py",
-        output="--json",
+        "bench/admin_scale.py",
+        "--json",
         database=True,
-        quick=("--rows", "200000", "--repeat", "3", "--held-behind-one-key", "50000"),
-        smoke=("--rows", "20000", "--repeat", "1", "--held-behind-one-key", "1000"),
+        quick="--rows 200000 --repeat 3 --held-behind-one-key 50000",
+        smoke="--rows 20000 --repeat 1 --held-behind-one-key 1000",
     ),
     "tasks": Script(
-        script="bench/tasks.py",
-        output="--output",
+        "bench/tasks.py",
+        "--output",
         database=True,
         python=DJANGO6_PYTHON,
-        quick=("--messages", "1000", "--peer-messages", "300"),
-        smoke=("--messages", "50", "--peer-messages", "50", "--reps", "1", "--processes", "1"),
+        quick="--messages 1000 --peer-messages 300",
+        smoke="--messages 50 --peer-messages 50 --reps 1 --processes 1",
     ),
-    "observability": Script(
-        script="bench/observability.py",
-        output="--json",
-        quick=("--rounds", "3"),
-        smoke=("--sends", "200", "--rounds", "1"),
-    ),
-    "chaos": Script(script="tests/chaos/run.py", output="--json", full=(), quick=("--quick",), smoke=("--quick",)),
+    "observability": Script("bench/observability.py", "--json", quick="--rounds 3", smoke="--sends 200 --rounds 1"),
+    "chaos": Script("tests/chaos/run.py", "--json", quick="--quick", smoke="--quick"),
 }
 SECTIONS = (
     *("send", "drain", "latency", "enqueue", "keyed", "scale", "opentx", "memory", "compare", "mariadb"),
@@ -243,7 +230,7 @@ def main(argv: list[str] | None = None) -> int:
 
 def run_script(script: Script, section: str, size_name: str, *, dsn: str, with_mariadb: bool) -> Any:
     """Run one script section; its JSON, or ``{"failed": exit status}`` (the run goes on with the rest)."""
-    args = list(getattr(script, size_name))
+    args = getattr(script, size_name).split()
     env = {**os.environ}
     env.pop("DJANGO_SETTINGS_MODULE", None)  # each script names its own
     env.pop("DATABASE_URL", None)
