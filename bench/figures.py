@@ -253,7 +253,8 @@ class System:
     reset: tuple[str, ...]
     fill: Callable[[Context, int], float]
     busy: str  # whether anything is left to drain
-    compare: bool = False  # on the comparisons' database
+    dsn: Callable[[Context], str] = lambda ctx: ctx.dsn  # where its table is
+    seconds_per_message: float = 0.01  # how long it may take at most (and two minutes)
 
 
 def _outbox_fill(ctx: Context, n: int) -> float:
@@ -324,7 +325,7 @@ def _exists(conn: psycopg.Connection[tuple[object, ...]], statement: str) -> boo
 
 def drain_once(ctx: Context, system: System, processes: int, n: int) -> float:
     """Messages per second for ``processes`` idle workers to drain a backlog of ``n`` committed at once."""
-    dsn = ctx.compare_dsn if system.compare else ctx.dsn
+    dsn = system.dsn(ctx)
     with tables.connect(dsn) as conn:
         for statement in system.reset:
             conn.execute(statement)
@@ -339,7 +340,8 @@ def drain_once(ctx: Context, system: System, processes: int, n: int) -> float:
         t0 = system.fill(ctx, n)
         with tables.connect(dsn) as poll:
             done = lambda: not _exists(poll, system.busy)  # noqa: E731
-            t1 = procs.wait_drained(done, started, f"{system.name} draining {n}", 120 + n / 100)
+            timeout = 120 + n * system.seconds_per_message
+            t1 = procs.wait_drained(done, started, f"{system.name} draining {n}", timeout)
     finally:
         procs.stop_all(started)
     return n / (t1 - t0)
@@ -856,12 +858,7 @@ def _compare_env(ctx: Context, settings: str | None) -> dict[str, str]:
 def _compare_run(ctx: Context, module: str, *args: str, settings: str | None = None) -> str:
     """``python -m module *args`` in the comparison environment; its last line."""
     assert ctx.compare_python is not None
-    p = procs.Proc([ctx.compare_python, "-m", module, *args], env=_compare_env(ctx, settings))
-    code = p.proc.wait(timeout=900)
-    p.join_output()
-    if code != 0:
-        raise RuntimeError(f"{module} {args}: exit {code}:\n" + "\n".join(p.lines[-30:]))
-    return p.lines[-1] if p.lines else ""
+    return procs.last_line([ctx.compare_python, "-m", module, *args], env=_compare_env(ctx, settings))
 
 
 def _peer(name: str, module: str, setup: str, worker: list[str], **kw: Any) -> tuple[System, str, str, str | None]:
@@ -875,7 +872,8 @@ def _peer(name: str, module: str, setup: str, worker: list[str], **kw: Any) -> t
         return procs.Proc(command, env=_compare_env(c, settings))
 
     fill = lambda c, n: float(_compare_run(c, module, "fill", str(n), settings=settings))  # noqa: E731
-    return System(name=name, start=start, fill=fill, compare=True, **kw), module, setup, settings
+    system = System(name=name, start=start, fill=fill, dsn=lambda c: c.compare_dsn, **kw)
+    return system, module, setup, settings
 
 
 def _procrastinate_ready(c: Context, started: list[procs.Proc]) -> None:

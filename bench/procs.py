@@ -96,6 +96,16 @@ def outbox_worker(dsn: str, *extra: str, env: dict[str, str] | None = None) -> P
     )
 
 
+def last_line(args: Sequence[str], env: dict[str, str] | None = None, timeout: float = 900) -> str:
+    """Run ``args`` to the end; its last line of output (it failing raises)."""
+    p = Proc(args, env=env)
+    code = p.proc.wait(timeout=timeout)
+    p.join_output()
+    if code != 0:
+        raise RuntimeError(f"{p.args[:4]}: exit {code}:\n" + "\n".join(p.lines[-30:]))
+    return p.lines[-1] if p.lines else ""
+
+
 def script(name: str, *args: str, env: dict[str, str] | None = None) -> Proc:
     """``bench/<name>`` run by this interpreter."""
     return Proc([sys.executable, str(ROOT / "bench" / name), *args], env=env)
