@@ -6,6 +6,7 @@ import datetime as dt
 import threading
 from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
+from typing import Any
 
 import pytest
 from django.core.management import call_command
@@ -102,7 +103,7 @@ def test_postgresql_archive_is_partitioned_by_day(postgres):
 
 
 @contextmanager
-def held_in_another_session(statement: str, params: Sequence[object] = ()) -> Iterator[None]:
+def held_in_another_session(statement: str, params: Sequence[Any] = ()) -> Iterator[None]:
     """The statement run in a transaction of another session, which stays open (its locks held) meanwhile."""
     held, release = threading.Event(), threading.Event()
 
