@@ -101,36 +101,19 @@ def run_once(dsn: str, *, tuned: bool, history: int, rate: int, seconds: float) 
                 row = conn.execute(STATS).fetchone()
                 assert row is not None
                 dead, vacuums, pending = (float(str(value)) for value in row)
-                samples.append(
-                    {
-                        "t": elapsed,
-                        "pages": pages,
-                        "ms": ms,
-                        "dead": dead,
-                        "vacuums": vacuums - vacuums_before,
-                        "pending": pending,
-                    }
-                )
+                sample = {"t": elapsed, "pages": pages, "ms": ms, "dead": dead, "pending": pending}
+                samples.append(sample | {"vacuums": vacuums - vacuums_before})
         stop.set()
         producer.join()
     finally:
         stop.set()
         procs.stop_all([worker])
     late = [s for s in samples if s["t"] >= seconds / 2]
-    return {
-        "tuned": tuned,
-        "reloptions": options[0] if options else None,
-        "sent": sent,
-        "autovacuum_runs": samples[-1]["vacuums"] if samples else 0,
-        "walk_pages_median": median([s["pages"] for s in late]),
-        "walk_pages_max": max(s["pages"] for s in late),
-        "walk_ms_median": median([s["ms"] for s in late]),
-        "walk_ms_max": max(s["ms"] for s in late),
-        "dead_median": median([s["dead"] for s in late]),
-        "dead_max": max(s["dead"] for s in late),
-        "pending_max": max(s["pending"] for s in samples),
-        "samples": samples,
-    }
+    result: dict[str, Any] = {"tuned": tuned, "reloptions": options[0] if options else None, "sent": sent}
+    result["autovacuum_runs"] = samples[-1]["vacuums"] if samples else 0
+    for name, key in (("walk_pages", "pages"), ("walk_ms", "ms"), ("dead", "dead")):
+        result |= {f"{name}_median": median([s[key] for s in late]), f"{name}_max": max(s[key] for s in late)}
+    return result | {"pending_max": max(s["pending"] for s in samples), "samples": samples}
 
 
 def main() -> int:
