@@ -25,6 +25,7 @@ from .common import (
     execute,
     interleaved,
     median,
+    medians,
     order_payload,
     per_transaction,
     percentile,
@@ -176,7 +177,7 @@ def send_overhead(ctx: Context) -> Json:
     kinds = ("plain", "send", "minimal", "hand_written", "second_row", "send_no_notify")
     return {
         "transactions": ctx.sizes.send_transactions,
-        **{f"{k}_us_per_tx": median([r[k] for r in reps]) for k in kinds},
+        **medians(reps, kinds, "_us_per_tx"),
         "ratio": _ratio(reps, "send", "plain"),
         "ratio_minimal": _ratio(reps, "minimal", "plain"),
         "ratio_hand_written": _ratio(reps, "hand_written", "plain"),
@@ -213,15 +214,15 @@ def send_batch(ctx: Context) -> Json:
     modes = ["send_1", "send_100", "floor_1", "floor_100"]
     reps: list[Json] = []
     for rep in range(ctx.sizes.send_reps + 1):
-        medians = per_transaction(modes, n, lambda mode, i: business_transaction(i, lambda o: write(mode, o)))
+        times = per_transaction(modes, n, lambda mode, i: business_transaction(i, lambda o: write(mode, o)))
         if rep:  # the first is the warm-up
-            reps.append(medians)
-            ctx.log("  batch: " + ", ".join(f"{k} {v:.0f} µs" for k, v in medians.items()))
+            reps.append(times)
+            ctx.log("  batch: " + ", ".join(f"{k} {v:.0f} µs" for k, v in times.items()))
     ratio = _ratio(reps, "send_100", "send_1")
     return {
         "api": "send_many",
         "transactions": n,
-        **{f"{k}_us": median([r[k] for r in reps]) for k in modes},
+        **medians(reps, modes, "_us"),
         "ratio": ratio,
         "floor_ratio": _ratio(reps, "floor_100", "floor_1"),
         "ratio_100_to_floor_100": _ratio(reps, "send_100", "floor_100"),
@@ -364,7 +365,7 @@ def drain(ctx: Context) -> Json:
             ctx.log(f"  drain x{processes}: " + ", ".join(f"{k} {v:,.0f}/s" for k, v in rates.items()))
         ratio = _ratio(reps, "outbox", "minimal")
         figure: Json = {
-            **{f"{k}_per_s": median([r[k] for r in reps]) for k in ("outbox", "baseline", "minimal")},
+            **medians(reps, ("outbox", "baseline", "minimal"), "_per_s"),
             "ratio": ratio,
             "ratio_same_table": _ratio(reps, "outbox", "baseline"),
             "same_table_to_minimal": _ratio(reps, "baseline", "minimal"),
@@ -420,7 +421,7 @@ def latency(ctx: Context, *, database: str) -> Json:
     return {
         "database": database,
         "messages_per_rep": ctx.sizes.latency_messages,
-        **{k: median([r[k] for r in reps]) for k in ("p50_ms", "p95_ms", "p99_ms")},
+        **medians(reps, ("p50_ms", "p95_ms", "p99_ms")),
         "lost": sum(r["sent"] - r["received"] for r in reps),
         "reps": reps,
         "poll_interval_s": float(poll_interval),
@@ -597,7 +598,7 @@ def _producers(ctx: Context, modes: tuple[str, ...], **ratios: tuple[str, str]) 
         reps = _producer_rounds(ctx, producers, per, modes)
         by[str(producers)] = figure = {
             "transactions_per_producer": per,
-            **{f"{mode}_per_s": median([r[mode] for r in reps]) for mode in modes},
+            **medians(reps, modes, "_per_s"),
             **{name: _ratio(reps, mode, reference) for name, (mode, reference) in ratios.items()},
             "reps": reps,
         }
@@ -776,8 +777,7 @@ def open_transaction(ctx: Context, *, expected_rate: float) -> Json:
     return {
         "window_s": window,
         "backlog": backlog,
-        "free_per_s": median([r["free"] for r in reps]),
-        "held_per_s": median([r["held"] for r in reps]),
+        **medians(reps, ("free", "held"), "_per_s"),
         "ratio": ratio,
         "drop_percent": (1 - ratio) * 100,
         "reps": reps,

@@ -38,7 +38,7 @@ os.environ["DJANGO_SETTINGS_MODULE"] = "bench.settings"
 import psycopg  # noqa: E402
 
 from bench import common, figures, procs, tables  # noqa: E402
-from bench.common import Json, interleaved, markdown, median, parser, write_json  # noqa: E402
+from bench.common import Json, interleaved, markdown, median, medians, parser, write_json  # noqa: E402
 from bench.figures import latency_summary  # noqa: E402
 
 #: The product's default (conf.py); the workers here run with it so that polling cannot pass for a wake-up.
@@ -224,7 +224,7 @@ def latency(ctx: Context, paths: list[Topology]) -> Json:
             "polls": t.polls,
             "poll_interval_s": DEFAULT_POLL_INTERVAL,
             "messages_per_rep": ctx.sizes.polling_messages if t.polls else ctx.sizes.latency_messages,
-            **{k: median([x[k] for x in r]) for k in ("p50_ms", "p95_ms", "p99_ms")},
+            **medians(r, ("p50_ms", "p95_ms", "p99_ms")),
             "lost": sum(x["sent"] - x["received"] for x in r),
             "trouble_lines": sum(x["trouble_lines"] for x in r),
             # per repetition against the direct topology's repetition of the same round
@@ -306,9 +306,7 @@ def drain(ctx: Context, paths: list[Topology], reference: Topology) -> Json:
             r = reps[t.name]
             by[t.name] = {
                 "label": t.label,
-                "per_s": median([x["per_s"] for x in r]),
-                "per_s_from_commit": median([x["per_s_from_commit"] for x in r]),
-                "wake_s": median([x["wake_s"] for x in r]),
+                **medians(r, ("per_s", "per_s_from_commit", "wake_s")),
                 "ratio": median([x["per_s"] / ref["per_s"] for x, ref in zip(r, reps[reference.name], strict=True)]),
                 "duplicates": sum(x["attempts"] - n for x in r),
                 "not_once": sum(n - x["delivered_once"] for x in r),
