@@ -174,18 +174,16 @@ def median_of(runs: list[dict[str, Any]], step: str, field: str) -> float:
 
 
 def report(vendor: str, rows: int, pending: int, runs: dict[str, list[dict[str, Any]]]) -> None:
-    reps = len(next(iter(runs.values())))
-    print(f"\n{vendor}, {rows:,} delivered + {pending:,} pending, medians of {reps}:")
-    print(f"{'change':<26} {'variant':<7} {'migrate':>9} {'longest send':>13} {'floor':>8} {'vs plain':>9}")
+    print(f"\n{vendor}, {rows:,} delivered + {pending:,} pending, medians of {len(next(iter(runs.values())))}:")
+    table = []
     for variant in runs:
         for step in STEPS_OF[variant]:
             plain = median_of(runs["plain"], step, "longest_send_s") if "plain" in runs and step in STEPS else 0.0
-            longest = median_of(runs[variant], step, "longest_send_s")
-            ratio = f"{longest / plain:>8.2f}x" if plain else f"{'':>9}"
-            print(
-                f"{step[5:]:<26} {variant:<7} {median_of(runs[variant], step, 'migrate_s'):>8.2f}s "
-                f"{longest * 1000:>10.0f} ms {median_of(runs[variant], step, 'floor_s') * 1000:>5.0f} ms {ratio}"
-            )
+            longest, floor = median_of(runs[variant], step, "longest_send_s"), median_of(runs[variant], step, "floor_s")
+            took = f"{median_of(runs[variant], step, 'migrate_s'):.2f} s"
+            ratio = f"{longest / plain:.2f}x" if plain else ""
+            table.append((step[5:], variant, took, f"{longest * 1000:.0f} ms", f"{floor * 1000:.0f} ms", ratio))
+    print(common.markdown(("change", "variant", "migrate", "longest send", "floor", "vs plain"), table))
     for variant in runs:
         failed = sum(run["failed_sends"] for run in runs[variant])
         errors = sum(run["worker_errors"] for run in runs[variant])
@@ -201,8 +199,8 @@ def measure(vendor: str, sizes: list[int], pending: int, reps: int, variants: li
         fill(vendor, rows, status="delivered")
         print(f"{vendor}: {rows:,} delivered messages in {time.monotonic() - filled:.0f} s", flush=True)
         runs: dict[str, list[dict[str, Any]]] = {variant: [] for variant in variants}
-        for rep in range(reps):
-            for variant in variants if rep % 2 == 0 else list(reversed(variants)):
+        for rep, first in enumerate(common.interleaved(reps)):
+            for variant in variants if first else variants[::-1]:
                 run = run_variant(vendor, variant, pending)
                 runs[variant].append(run)
                 print(
