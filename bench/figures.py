@@ -1,18 +1,15 @@
-"""Each figure of docs/performance.md: how it is measured, always beside its reference in the same run.
-
-Runs in the harness process, with Django set up on ``bench.settings``. Repetitions of a figure and of its
-reference are interleaved (A B, B A, A B ...) so that drift in the shared machine's load hits both.
-"""
+"""Each figure of docs/performance.md, measured in the harness process (Django on ``bench.settings``)
+beside its reference in the same run, their repetitions interleaved so that the shared machine's drift
+hits both."""
 
 from __future__ import annotations
 
 import datetime as dt
+import json
 import os
 import random
-import socket
-import statistics
 import sys
-import threading
+import tempfile
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -22,69 +19,69 @@ from urllib.parse import urlparse
 import psycopg
 
 from . import procs, tables
-
-Json = dict[str, Any]
+from .common import (
+    Json,
+    business_transaction,
+    execute,
+    interleaved,
+    median,
+    medians,
+    order_payload,
+    per_transaction,
+    percentile,
+    rotated,
+    sql,
+)
+from .common import ratio as _ratio
+from .minimal_relay import CREATE as MINIMAL_CREATE
+from .minimal_relay import FILL as MINIMAL_FILL
+from .minimal_relay import INSERT_MANY, INSERT_ONE
+from .minimal_relay import TABLE as MINIMAL_TABLE
 
 
 @dataclass(kw_only=True)
 class Sizes:
-    reps: int
-    send_transactions: int
-    drain_messages: int
-    drain_processes: tuple[int, ...]
-    latency_messages: int
-    history_small: int
-    history_large: int
-    claim_batches: int
-    open_tx_seconds: float
-    memory_messages: int
-    compare_messages: int
+    """A run's sizes; the defaults are the full run's."""
+
+    reps: int = 3
+    send_transactions: int = 2000
     send_reps: int = 5
-    #: transactions per enqueue round, split among the producers
-    enqueue_transactions: int = 800
+    drain_messages: int = 40_000
+    drain_processes: tuple[int, ...] = (1, 2, 4)
+    one_thread: bool = True  # also drain with ``--concurrency 1`` at one process
+    latency_messages: int = 200
+    history_small: int = 10_000
+    history_large: int = 1_000_000
+    claim_batches: int = 50
+    open_tx_seconds: float = 60
+    memory_messages: int = 200_000
+    compare_messages: int = 3000
+    enqueue_transactions: int = 1600  # per round, split among the producers
     enqueue_producers: tuple[int, ...] = (1, 4, 16)
-    #: also drain with ``--concurrency 1`` at one process
-    one_thread: bool = True
-    #: the MariaDB section (bench/mariadb.py): backlog, process counts, send() transactions per kind and repetition
-    mariadb_messages: int = 10_000
+    mariadb_messages: int = 40_000  # bench/mariadb.py: backlog, process counts, send() transactions
     mariadb_processes: tuple[int, ...] = (1, 2)
-    mariadb_transactions: int = 300
+    mariadb_transactions: int = 1000
 
 
 SIZES = {
-    "full": Sizes(
-        reps=3,
-        send_transactions=2000,
-        drain_messages=40_000,
-        drain_processes=(1, 2, 4),
-        latency_messages=200,
-        history_small=10_000,
-        history_large=1_000_000,
-        claim_batches=50,
-        open_tx_seconds=60,
-        memory_messages=200_000,
-        compare_messages=3000,
-        enqueue_transactions=1600,
-        mariadb_messages=40_000,
-        mariadb_transactions=1000,
-    ),
+    "full": Sizes(),
     "quick": Sizes(
-        reps=3,
         send_transactions=150,
         drain_messages=5000,
-        drain_processes=(1, 2, 4),
-        latency_messages=200,
-        history_small=10_000,
+        one_thread=False,
         history_large=200_000,
         claim_batches=20,
         open_tx_seconds=5,
         memory_messages=30_000,
         compare_messages=500,
-        one_thread=False,
+        enqueue_transactions=800,
+        mariadb_messages=10_000,
+        mariadb_transactions=300,
     ),
     "smoke": Sizes(
         reps=1,
         send_transactions=20,
+        send_reps=1,
         drain_messages=300,
         drain_processes=(1,),
         latency_messages=10,
@@ -94,7 +91,6 @@ SIZES = {
         open_tx_seconds=1,
         memory_messages=500,
         compare_messages=50,
-        send_reps=1,
         enqueue_transactions=32,
         enqueue_producers=(1, 4),
         mariadb_messages=300,
@@ -119,25 +115,7 @@ class Context:
         return parsed._replace(path=parsed.path + "_compare").geturl()
 
 
-def median(values: list[float]) -> float:
-    return float(statistics.median(values)) if values else float("nan")
-
-
-def percentile(values: list[float], q: float) -> float:
-    ordered = sorted(values)
-    if not ordered:
-        return float("nan")
-    index = min(len(ordered) - 1, max(0, round(q / 100 * len(ordered)) - 1))
-    return ordered[index]
-
-
-def interleaved(reps: int) -> list[bool]:
-    """For each repetition, whether the measured thing goes first (alternating)."""
-    return [rep % 2 == 0 for rep in range(reps)]
-
-
 # --- a. send() overhead -----------------------------------------------------------------------
-
 
 #: What a hand-written outbox would run: the same row and wake-up, one statement, no validation.
 HAND_WRITTEN_SEND = (
@@ -148,90 +126,68 @@ HAND_WRITTEN_SEND = (
 )
 
 
-def send_overhead(ctx: Context) -> Json:
-    """Per-transaction times with and without ``send()``, the kinds interleaved one by one.
-
-    Interleaving each transaction (not each run) makes every kind see the same load of a shared machine;
-    the figure is the ratio of the median transaction times. The floor is the same business transaction
-    plus one hand-written ``INSERT`` of the same row into the minimal twin table (``minimal``: what no
-    outbox can beat, one statement into a table with nothing but a primary key and the pending index).
-    Beside it: the same row and NOTIFY written by hand into the project's own table (``hand_written``),
-    and a second business row through the ORM (what any extra ``INSERT`` costs the view).
-    """
-    import json
-
-    from django.db import connection, transaction
+def outbox_settings(**changes: Any) -> Any:
+    from django.conf import settings
     from django.test import override_settings
 
-    from django_outbox import outbox
-    from testproject.shop.models import Order
+    return override_settings(OUTBOX={**settings.OUTBOX, **changes})
 
-    from .minimal_relay import INSERT_ONE
+
+def send_overhead(ctx: Context) -> Json:
+    """Per-transaction times with and without ``send()``, the kinds interleaved one transaction at a time.
+
+    The floor (``minimal``) is the same business transaction plus one hand-written ``INSERT`` of the row
+    into the minimal twin table; beside it the row and NOTIFY by hand into the project's own table
+    (``hand_written``) and a second business row through the ORM (``second_row``).
+    """
+    from django_outbox import outbox
 
     ensure_minimal(ctx)
-    n = ctx.sizes.send_transactions
 
-    def one(mode: str, i: int) -> float:
-        started = time.perf_counter()
-        with transaction.atomic():
-            order = Order.objects.create(customer_email="buyer@example.com", item="book", quantity=1 + i % 3)
-            payload = {"order_id": order.pk, "item": order.item, "quantity": order.quantity}
-            if mode == "send":
-                outbox.send("bench.noop", payload)
-            elif mode == "minimal":
-                with connection.cursor() as cursor:
-                    cursor.execute(INSERT_ONE, [json.dumps(payload)])
-            elif mode == "hand_written":
-                with connection.cursor() as cursor:
-                    cursor.execute(HAND_WRITTEN_SEND, [json.dumps(payload)])
-            elif mode == "second_row":
-                Order.objects.create(customer_email="buyer@example.com", item="book", quantity=1 + i % 3)
-        return time.perf_counter() - started
+    def write(mode: str, order: Any) -> None:
+        payload = order_payload(order)
+        if mode == "send":
+            outbox.send("bench.noop", payload)
+        elif mode == "minimal":
+            execute(INSERT_ONE, [json.dumps(payload)])
+        elif mode == "hand_written":
+            execute(HAND_WRITTEN_SEND, [json.dumps(payload)])
+        elif mode == "second_row":
+            type(order).objects.create(customer_email="buyer@example.com", item="book", quantity=order.quantity)
 
     def run(modes: list[str]) -> dict[str, float]:
-        times: dict[str, list[float]] = {mode: [] for mode in modes}
-        for i in range(n):
-            for mode in modes if i % 2 == 0 else modes[::-1]:
-                times[mode].append(one(mode, i))
-        return {mode: median(values) * 1e6 for mode, values in times.items()}
+        one = lambda mode, i: business_transaction(i, lambda order: write(mode, order))  # noqa: E731
+        return per_transaction(modes, ctx.sizes.send_transactions, one)
 
     modes = ["plain", "send", "minimal", "hand_written", "second_row"]
     run(modes)  # warm-up: connections, caches, plans
     reps: list[Json] = []
     for _ in range(ctx.sizes.send_reps):
         times = run(modes)
-        with override_settings(OUTBOX={**_outbox_settings(), "NOTIFY": False}):
+        with outbox_settings(NOTIFY=False):
             quiet = run(["plain", "send", "minimal"])
         times["plain_2"], times["send_no_notify"], times["minimal_2"] = quiet["plain"], quiet["send"], quiet["minimal"]
         reps.append(times)
         ctx.log("  send: " + ", ".join(f"{k} {v:.0f} µs" for k, v in times.items()))
 
-    def ratio(mode: str, reference: str = "plain") -> float:
-        return median([r[mode] / r[reference] for r in reps])
+    def added(reference: str) -> float:
+        return median([(r["send"] - r["plain"]) / (r[reference] - r["plain"]) for r in reps])
 
-    send_ratio = ratio("send")
-    floor_ratio = ratio("send", "minimal")
+    floor_ratio = _ratio(reps, "send", "minimal")
+    kinds = ("plain", "send", "minimal", "hand_written", "second_row", "send_no_notify")
     return {
-        "transactions": n,
-        "plain_us_per_tx": median([r["plain"] for r in reps]),
-        "send_us_per_tx": median([r["send"] for r in reps]),
-        "minimal_us_per_tx": median([r["minimal"] for r in reps]),
-        "hand_written_us_per_tx": median([r["hand_written"] for r in reps]),
-        "second_row_us_per_tx": median([r["second_row"] for r in reps]),
-        "send_no_notify_us_per_tx": median([r["send_no_notify"] for r in reps]),
-        "ratio": send_ratio,
-        "ratio_minimal": ratio("minimal"),
-        "ratio_hand_written": ratio("hand_written"),
-        "ratio_second_row": ratio("second_row"),
-        "ratio_no_notify": ratio("send_no_notify", "plain_2"),
-        # the target's figure: send() over the floor, the same transaction with one minimal INSERT
-        "ratio_to_floor": floor_ratio,
-        "ratio_to_floor_no_notify": ratio("send_no_notify", "minimal_2"),
-        # send()'s added cost over the minimal statement's added cost: 1.0 is the hand-written limit.
-        "added_cost_vs_minimal": median([(r["send"] - r["plain"]) / (r["minimal"] - r["plain"]) for r in reps]),
-        "added_cost_vs_hand_written": median(
-            [(r["send"] - r["plain"]) / (r["hand_written"] - r["plain"]) for r in reps]
-        ),
+        "transactions": ctx.sizes.send_transactions,
+        **medians(reps, kinds, "_us_per_tx"),
+        "ratio": _ratio(reps, "send", "plain"),
+        "ratio_minimal": _ratio(reps, "minimal", "plain"),
+        "ratio_hand_written": _ratio(reps, "hand_written", "plain"),
+        "ratio_second_row": _ratio(reps, "second_row", "plain"),
+        "ratio_no_notify": _ratio(reps, "send_no_notify", "plain_2"),
+        "ratio_to_floor": floor_ratio,  # the target's figure
+        "ratio_to_floor_no_notify": _ratio(reps, "send_no_notify", "minimal_2"),
+        # send()'s added cost over the minimal statement's added cost: 1.0 is the hand-written limit
+        "added_cost_vs_minimal": added("minimal"),
+        "added_cost_vs_hand_written": added("hand_written"),
         "target": "send <= 1.1x the floor (aim 1.05x)",
         "ok": floor_ratio <= 1.1,
         "reps": reps,
@@ -239,66 +195,37 @@ def send_overhead(ctx: Context) -> Json:
 
 
 def send_batch(ctx: Context) -> Json:
-    """100 messages in one transaction against one, and the same for the hand-written floor.
-
-    Uses ``outbox.send_many()`` when the installed outbox has it, otherwise a loop of ``send()`` (the
-    result says which: ``api``). The floor writes its 100 rows with one ``INSERT ... SELECT unnest(...)``.
-    """
-    import json
-
-    from django.db import connection, transaction
-
+    """100 messages in one transaction (``send_many()``) against one; the floor writes its 100 rows with one
+    ``INSERT ... SELECT unnest(...)``."""
     from django_outbox import outbox
-    from testproject.shop.models import Order
-
-    from .minimal_relay import INSERT_MANY, INSERT_ONE
 
     ensure_minimal(ctx)
-    has_many = hasattr(outbox, "send_many")
     n = max(4, ctx.sizes.send_transactions // 5)
 
-    def one(mode: str, i: int) -> float:
-        started = time.perf_counter()
-        with transaction.atomic():
-            order = Order.objects.create(customer_email="buyer@example.com", item="book", quantity=1 + i % 3)
-            payloads = [{"order_id": order.pk, "item": order.item, "n": j} for j in range(100 if "100" in mode else 1)]
-            if mode.startswith("send"):
-                if has_many:
-                    outbox.send_many([{"topic": "bench.noop", "payload": p} for p in payloads])
-                else:
-                    for p in payloads:
-                        outbox.send("bench.noop", p)
-            else:
-                with connection.cursor() as cursor:
-                    if len(payloads) == 1:
-                        cursor.execute(INSERT_ONE, [json.dumps(payloads[0])])
-                    else:
-                        cursor.execute(INSERT_MANY, [[json.dumps(p) for p in payloads]])
-        return time.perf_counter() - started
+    def write(mode: str, order: Any) -> None:
+        payloads = [{"order_id": order.pk, "item": order.item, "n": j} for j in range(100 if "100" in mode else 1)]
+        if mode.startswith("send"):
+            outbox.send_many([{"topic": "bench.noop", "payload": p} for p in payloads])
+        elif len(payloads) == 1:
+            execute(INSERT_ONE, [json.dumps(payloads[0])])
+        else:
+            execute(INSERT_MANY, [[json.dumps(p) for p in payloads]])
 
     modes = ["send_1", "send_100", "floor_1", "floor_100"]
     reps: list[Json] = []
     for rep in range(ctx.sizes.send_reps + 1):
-        times: dict[str, list[float]] = {mode: [] for mode in modes}
-        for i in range(n):
-            for mode in modes if i % 2 == 0 else modes[::-1]:
-                times[mode].append(one(mode, i))
-        if rep == 0:
-            continue  # warm-up
-        medians = {mode: median(values) * 1e6 for mode, values in times.items()}
-        reps.append(medians)
-        ctx.log("  batch: " + ", ".join(f"{k} {v:.0f} µs" for k, v in medians.items()))
-    ratio = median([r["send_100"] / r["send_1"] for r in reps])
+        times = per_transaction(modes, n, lambda mode, i: business_transaction(i, lambda o: write(mode, o)))
+        if rep:  # the first is the warm-up
+            reps.append(times)
+            ctx.log("  batch: " + ", ".join(f"{k} {v:.0f} µs" for k, v in times.items()))
+    ratio = _ratio(reps, "send_100", "send_1")
     return {
-        "api": "send_many" if has_many else "a loop of send(): no send_many in this tree",
+        "api": "send_many",
         "transactions": n,
-        "send_1_us": median([r["send_1"] for r in reps]),
-        "send_100_us": median([r["send_100"] for r in reps]),
-        "floor_1_us": median([r["floor_1"] for r in reps]),
-        "floor_100_us": median([r["floor_100"] for r in reps]),
+        **medians(reps, modes, "_us"),
         "ratio": ratio,
-        "floor_ratio": median([r["floor_100"] / r["floor_1"] for r in reps]),
-        "ratio_100_to_floor_100": median([r["send_100"] / r["floor_100"] for r in reps]),
+        "floor_ratio": _ratio(reps, "floor_100", "floor_1"),
+        "ratio_100_to_floor_100": _ratio(reps, "send_100", "floor_100"),
         "target": "100 in one transaction <= 2x one",
         "ok": ratio <= 2.0,
         "reps": reps,
@@ -307,20 +234,11 @@ def send_batch(ctx: Context) -> Json:
 
 def ensure_minimal(ctx: Context) -> None:
     """Create the minimal twin table once per run, from the project's table as it is now."""
-    if ctx.minimal_made:
-        return
-    from .minimal_relay import CREATE
-
-    with tables.connect(ctx.dsn) as conn:
-        for statement in CREATE:
-            conn.execute(statement)
-    ctx.minimal_made = True
-
-
-def _outbox_settings() -> dict[str, Any]:
-    from django.conf import settings
-
-    return dict(settings.OUTBOX)
+    if not ctx.minimal_made:
+        with tables.connect(ctx.dsn) as conn:
+            for statement in MINIMAL_CREATE:
+                conn.execute(statement)
+        ctx.minimal_made = True
 
 
 # --- b. drain throughput ----------------------------------------------------------------------
@@ -328,28 +246,16 @@ def _outbox_settings() -> dict[str, Any]:
 
 @dataclass(frozen=True, kw_only=True)
 class System:
-    """Something that drains a backlog: how to start one worker, fill the backlog, see that it is done."""
+    """Something that drains a backlog: how to start one worker, see it ready, empty and fill its table."""
 
     name: str
     start: Callable[[Context], procs.Proc]
-    ready: Callable[[Context, list[procs.Proc]], None]
-    reset: Callable[[Context], None]
+    ready: str | Callable[[Context, list[procs.Proc]], None]  # a line each worker prints, or a wait
+    reset: tuple[str, ...]
     fill: Callable[[Context, int], float]
-
-
-def _outbox_ready(ctx: Context, started: list[procs.Proc]) -> None:
-    for p in started:
-        p.wait_for_line("relaying")
-
-
-def _baseline_ready(ctx: Context, started: list[procs.Proc]) -> None:
-    for p in started:
-        p.wait_for_line("ready")
-
-
-def _outbox_reset(ctx: Context) -> None:
-    with tables.connect(ctx.dsn) as conn:
-        tables.truncate(conn)
+    busy: str  # whether anything is left to drain
+    dsn: Callable[[Context], str] = lambda ctx: ctx.dsn  # where its table is
+    seconds_per_message: float = 0.01  # how long it may take at most (and two minutes)
 
 
 def _outbox_fill(ctx: Context, n: int) -> float:
@@ -357,112 +263,96 @@ def _outbox_fill(ctx: Context, n: int) -> float:
         return tables.fill_pending(conn, n, analyze=True)
 
 
+def _minimal_fill(ctx: Context, n: int) -> float:
+    """Like :func:`tables.fill_pending`: one transaction, analyzed before it commits, one NOTIFY."""
+    with tables.connect(ctx.dsn) as conn:
+        with conn.transaction():
+            conn.execute(MINIMAL_FILL, {"n": n})
+            conn.execute(f"ANALYZE {MINIMAL_TABLE}")
+            conn.execute("SELECT pg_notify('bench_minimal', '')")
+        return time.time()
+
+
+def busy_sql(table: str, statuses: str) -> str:
+    return f"SELECT EXISTS (SELECT 1 FROM {table} WHERE status IN ({statuses}))"
+
+
+OUTBOX_RESET = (
+    f"TRUNCATE {tables.MESSAGE}, {tables.ATTEMPT} RESTART IDENTITY CASCADE",
+    "TRUNCATE django_outbox_worker",
+)
+OUTBOX_BUSY = busy_sql(tables.MESSAGE, "'pending', 'processing'")
+
+
 def _outbox_system(name: str, *options: str) -> System:
     """``manage.py outbox_worker`` with batches of 100 and ``options``, on the outbox's own table."""
     return System(
         name=name,
         start=lambda ctx: procs.outbox_worker(ctx.dsn, "--batch-size", "100", *options),
-        ready=_outbox_ready,
-        reset=_outbox_reset,
+        ready="relaying",
+        reset=OUTBOX_RESET,
         fill=_outbox_fill,
+        busy=OUTBOX_BUSY,
     )
 
 
 OUTBOX = _outbox_system("outbox")
 #: The outbox worker with one delivery thread: what one database connection of it drains.
 OUTBOX_ONE_THREAD = _outbox_system("outbox_one_thread", "--concurrency", "1")
+#: The hand-written relay on the project's own table (bench/baseline_relay.py).
 BASELINE = System(
     name="baseline",
-    start=lambda ctx: procs.baseline_relay(ctx.dsn),
-    ready=_baseline_ready,
-    reset=_outbox_reset,
+    start=lambda ctx: procs.script("baseline_relay.py", ctx.dsn),
+    ready="ready",
+    reset=OUTBOX_RESET,
     fill=_outbox_fill,
+    busy=OUTBOX_BUSY,
 )
-
-
-def _minimal_reset(ctx: Context) -> None:
-    from .minimal_relay import TABLE
-
-    ensure_minimal(ctx)
-    with tables.connect(ctx.dsn) as conn:
-        conn.execute(f"TRUNCATE {TABLE} RESTART IDENTITY")
-
-
-def _minimal_fill(ctx: Context, n: int) -> float:
-    """Like :func:`tables.fill_pending`: one transaction, analyzed before it commits, one NOTIFY."""
-    from .minimal_relay import FILL, TABLE
-
-    with tables.connect(ctx.dsn) as conn:
-        with conn.transaction():
-            conn.execute(FILL, {"n": n})
-            conn.execute(f"ANALYZE {TABLE}")
-            conn.execute("SELECT pg_notify('bench_minimal', '')")
-        return time.time()
-
-
 #: The minimal reference: the hand-written relay on the minimal twin table (bench/minimal_relay.py).
 MINIMAL = System(
     name="minimal",
-    start=lambda ctx: procs.minimal_relay(ctx.dsn),
-    ready=_baseline_ready,
-    reset=_minimal_reset,
+    start=lambda ctx: procs.script("minimal_relay.py", ctx.dsn),
+    ready="ready",
+    reset=(f"TRUNCATE {MINIMAL_TABLE} RESTART IDENTITY",),
     fill=_minimal_fill,
+    busy=busy_sql(MINIMAL_TABLE, "'pending', 'processing'"),
 )
+
+
+def _exists(conn: psycopg.Connection[tuple[object, ...]], statement: str) -> bool:
+    row = conn.execute(statement).fetchone()
+    return bool(row and row[0])
 
 
 def drain_once(ctx: Context, system: System, processes: int, n: int) -> float:
     """Messages per second for ``processes`` idle workers to drain a backlog of ``n`` committed at once."""
-    system.reset(ctx)
+    dsn = system.dsn(ctx)
+    with tables.connect(dsn) as conn:
+        for statement in system.reset:
+            conn.execute(statement)
     started = [system.start(ctx) for _ in range(processes)]
     try:
-        system.ready(ctx, started)
+        if isinstance(system.ready, str):
+            for p in started:
+                p.wait_for_line(system.ready)
+        else:
+            system.ready(ctx, started)
         time.sleep(0.5)  # let them settle into their idle wait
         t0 = system.fill(ctx, n)
-        poll = psycopg.connect(ctx.compare_dsn if system.name in COMPARE_NAMES else ctx.dsn, autocommit=True)
-        with poll:
-            deadline = time.monotonic() + 120 + n / 100  # a stuck worker (e.g. failing queries) must not hang the run
-            while _busy_on(poll, system) and time.monotonic() < deadline:
-                for p in started:
-                    if not p.alive():
-                        raise RuntimeError(f"{system.name} worker died:\n" + "\n".join(p.lines[-30:]))
-                time.sleep(0.01)
-            t1 = time.time()
-            if time.monotonic() >= deadline:
-                raise RuntimeError(f"{system.name} did not drain {n} messages:\n" + "\n".join(started[0].lines[-30:]))
+        with tables.connect(dsn) as poll:
+            done = lambda: not _exists(poll, system.busy)  # noqa: E731
+            timeout = 120 + n * system.seconds_per_message
+            t1 = procs.wait_drained(done, started, f"{system.name} draining {n}", timeout)
     finally:
         procs.stop_all(started)
     return n / (t1 - t0)
 
 
-def _busy_on(conn: psycopg.Connection[tuple[object, ...]], system: System) -> bool:
-    sql = BUSY_SQL.get(system.name, BUSY_SQL["outbox"])
-    row = conn.execute(sql).fetchone()
-    return bool(row and row[0])
-
-
-BUSY_SQL = {
-    "minimal": "SELECT EXISTS (SELECT 1 FROM bench_minimal_message WHERE status IN ('pending', 'processing'))",
-    "outbox": "SELECT EXISTS (SELECT 1 FROM django_outbox_message WHERE status IN ('pending', 'processing'))",
-    "procrastinate": "SELECT EXISTS (SELECT 1 FROM procrastinate_jobs WHERE status IN ('todo', 'doing'))",
-    "django-tasks-db": (
-        "SELECT EXISTS (SELECT 1 FROM django_tasks_database_dbtaskresult WHERE status IN ('READY', 'RUNNING'))"
-    ),
-    "pgqueuer": "SELECT EXISTS (SELECT 1 FROM pgqueuer WHERE status IN ('queued', 'picked'))",
-    "django-jaiminho": "SELECT EXISTS (SELECT 1 FROM jaiminho_event WHERE sent_at IS NULL)",
-}
-COMPARE_NAMES = ("procrastinate", "django-tasks-db", "pgqueuer", "django-jaiminho")
-
-
 def drain(ctx: Context) -> Json:
-    """Each process count against both references with as many processes, in the same rounds.
-
-    The references: the minimal relay on the minimal twin table (``minimal``, the physical limit) and
-    the hand-written relay on the project's own table (``baseline``, what the schema costs a careful
-    hand-written relay). Each repetition runs every system once, in an order rotated by one each
-    repetition, so each sees every position. The outbox runs with its defaults, as ``manage.py
-    outbox_worker`` would (two delivery threads per process on PostgreSQL); with ``one_thread`` it also
-    runs at one process with ``--concurrency 1``, one connection against each reference's one.
-    """
+    """Each process count against both references with as many processes, every system once per repetition
+    in an order rotated by one each time; the outbox with its defaults (two delivery threads per process)
+    and, with ``one_thread``, at one process also with ``--concurrency 1``."""
+    ensure_minimal(ctx)
     result: Json = {"messages": ctx.sizes.drain_messages, "batch_size": 100, "by_processes": {}}
     for processes in ctx.sizes.drain_processes:
         reps: list[Json] = []
@@ -470,283 +360,77 @@ def drain(ctx: Context) -> Json:
         if processes == 1 and ctx.sizes.one_thread:
             systems.insert(1, OUTBOX_ONE_THREAD)
         for rep in range(ctx.sizes.reps):
-            order = systems[rep % len(systems) :] + systems[: rep % len(systems)]
-            rates: dict[str, float] = {}
-            for system in order:
-                rates[system.name] = drain_once(ctx, system, processes, ctx.sizes.drain_messages)
+            rates = {s.name: drain_once(ctx, s, processes, ctx.sizes.drain_messages) for s in rotated(systems, rep)}
             reps.append(rates)
             ctx.log(f"  drain x{processes}: " + ", ".join(f"{k} {v:,.0f}/s" for k, v in rates.items()))
-        ratio = median([r["outbox"] / r["minimal"] for r in reps])
+        ratio = _ratio(reps, "outbox", "minimal")
         figure: Json = {
-            "outbox_per_s": median([r["outbox"] for r in reps]),
-            "baseline_per_s": median([r["baseline"] for r in reps]),
-            "minimal_per_s": median([r["minimal"] for r in reps]),
+            **medians(reps, ("outbox", "baseline", "minimal"), "_per_s"),
             "ratio": ratio,
-            "ratio_same_table": median([r["outbox"] / r["baseline"] for r in reps]),
-            "same_table_to_minimal": median([r["baseline"] / r["minimal"] for r in reps]),
+            "ratio_same_table": _ratio(reps, "outbox", "baseline"),
+            "same_table_to_minimal": _ratio(reps, "baseline", "minimal"),
             "target": ">= 0.5x the minimal reference (aim 0.8x)",
             "ok": ratio >= 0.5,
             "reps": reps,
         }
         if OUTBOX_ONE_THREAD.name in reps[0]:
             figure["one_thread_per_s"] = median([r[OUTBOX_ONE_THREAD.name] for r in reps])
-            figure["ratio_one_thread"] = median([r[OUTBOX_ONE_THREAD.name] / r["minimal"] for r in reps])
+            figure["ratio_one_thread"] = _ratio(reps, OUTBOX_ONE_THREAD.name, "minimal")
         result["by_processes"][str(processes)] = figure
     return result
 
 
 # --- c. latency -------------------------------------------------------------------------------
 
+#: Seconds between two sends, drawn at random.
+GAP = (0.005, 0.015)
 
-GAP = tuple(float(x) for x in os.environ.get("BENCH_LATENCY_GAP", "0.005,0.015").split(","))
+
+def latency_summary(ms: list[float], sent: int) -> Json:
+    return {f"p{q}_ms": percentile(ms, q) for q in (50, 95, 99)} | {"received": len(ms), "sent": sent}
 
 
 def latency(ctx: Context, *, database: str) -> Json:
-    """Commit to handler start for messages sent one per transaction to an idle worker."""
+    """Commit to handler start for messages sent one per transaction to an idle worker (SQLite: polling)."""
     from django.db import transaction
 
     from django_outbox import outbox
 
-    if database == "default":  # start from an empty, vacuumed table, whatever ran before
-        with tables.connect(ctx.dsn) as conn:
-            tables.truncate(conn)
-            tables.vacuum(conn)
-    receiver = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
-    receiver.bind(("127.0.0.1", 0))
-    receiver.settimeout(0.2)
-    port = receiver.getsockname()[1]
-    arrived: dict[int, float] = {}
-    done = threading.Event()
-
-    def receive() -> None:
-        while not done.is_set():
-            try:
-                data = receiver.recv(100)
-            except TimeoutError:
-                continue
-            message_id, at = data.decode().split()
-            arrived[int(message_id)] = float(at)
-
-    listener = threading.Thread(target=receive, daemon=True)
-    listener.start()
     poll_interval = "1.0"
-    worker = procs.outbox_worker(
-        ctx.dsn,
-        "--database",
-        database,
-        env={"BENCH_UDP_PORT": str(port), "BENCH_POLL_INTERVAL": poll_interval},
-    )
     reps: list[Json] = []
-    try:
-        worker.wait_for_line("relaying")
-        time.sleep(1.0)
-        for _ in range(ctx.sizes.reps):
-            arrived.clear()
-            committed: dict[int, float] = {}
-            for i in range(ctx.sizes.latency_messages):
-                with transaction.atomic(using=database):
-                    message = outbox.send("bench.latency", {"n": i}, headers={"bench-latency": "1"}, using=database)
-                    committed[message.id] = time.time()  # before COMMIT: the figure includes the commit itself
-                time.sleep(random.uniform(*GAP))
-            deadline = time.monotonic() + 10
-            while len(arrived) < len(committed) and time.monotonic() < deadline:
-                time.sleep(0.05)
-            ms = [(arrived[k] - committed[k]) * 1000 for k in committed if k in arrived]
-            rep = {
-                "p50_ms": percentile(ms, 50),
-                "p95_ms": percentile(ms, 95),
-                "p99_ms": percentile(ms, 99),
-                "received": len(ms),
-                "sent": len(committed),
-            }
-            reps.append(rep)
-            ctx.log(f"  latency {database}: " + ", ".join(f"{k} {v:.1f}" for k, v in rep.items()))
-    finally:
-        worker.stop()
-        done.set()
-        listener.join()
-        receiver.close()
-    result: Json = {
+    with procs.udp_receiver() as (port, arrived):
+        env = {"BENCH_UDP_PORT": str(port), "BENCH_POLL_INTERVAL": poll_interval}
+        worker = procs.outbox_worker(ctx.dsn, "--database", database, env=env)
+        try:
+            worker.wait_for_line("relaying")
+            time.sleep(1.0)
+            for _ in range(ctx.sizes.reps):
+                arrived.clear()
+                committed: dict[str, float] = {}
+                for i in range(ctx.sizes.latency_messages):
+                    with transaction.atomic(using=database):
+                        message = outbox.send("bench.latency", {"n": i}, headers={"bench-latency": "1"}, using=database)
+                        committed[str(message.id)] = time.time()  # before COMMIT: the figure includes it
+                    time.sleep(random.uniform(*GAP))
+                procs.wait_for_all(arrived, committed, 10)
+                ms = [(arrived[k] - committed[k]) * 1000 for k in committed if k in arrived]
+                reps.append(latency_summary(ms, len(committed)))
+                ctx.log(f"  latency {database}: " + ", ".join(f"{k} {v:.1f}" for k, v in reps[-1].items()))
+        finally:
+            worker.stop()
+    return {
         "database": database,
         "messages_per_rep": ctx.sizes.latency_messages,
-        "p50_ms": median([r["p50_ms"] for r in reps]),
-        "p95_ms": median([r["p95_ms"] for r in reps]),
-        "p99_ms": median([r["p99_ms"] for r in reps]),
+        **medians(reps, ("p50_ms", "p95_ms", "p99_ms")),
         "lost": sum(r["sent"] - r["received"] for r in reps),
         "reps": reps,
+        "poll_interval_s": float(poll_interval),
     }
-    if database == "default":
-        result["target"] = "p50 <= 5 ms, p99 <= 20 ms"
-        result["ok"] = result["p50_ms"] <= 5 and result["p99_ms"] <= 20 and result["lost"] == 0
-    else:
-        result["poll_interval_s"] = float(poll_interval)
-    return result
 
 
 def neighbour_dsn(ctx: Context) -> str:
     parsed = urlparse(ctx.dsn)
     return parsed._replace(path=parsed.path + "_neighbour").geturl()
-
-
-def latency_neighbour(ctx: Context) -> Json:
-    """Commit to handler, unkeyed and keyed, without and with a busy neighbour database on the same server.
-
-    One idle worker (PostgreSQL, NOTIFY) and, beside it, the minimal relay waiting for a NOTIFY of its
-    own (the reference). Each phase sends ``latency_messages`` messages one per transaction, 5-15 ms
-    apart, in turn a keyed one (ten keys in turn), an unkeyed one and a row of the minimal table, so the
-    kinds share every moment of the machine. In the ``busy`` phase ``bench/neighbour.py`` runs tiny write
-    transactions without pause in another database of the same server (``<name>_neighbour``); the
-    phases alternate their order from one repetition to the next. Each figure is the median over the
-    repetitions of the per-repetition percentile; the keyed/unkeyed ratios are taken within a phase.
-    """
-    from django.db import transaction
-
-    from django_outbox import outbox
-
-    with tables.connect(ctx.dsn) as conn:
-        tables.truncate(conn)
-        tables.vacuum(conn)
-    tables.ensure_database(neighbour_dsn(ctx))
-    receiver = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
-    receiver.bind(("127.0.0.1", 0))
-    receiver.settimeout(0.2)
-    port = receiver.getsockname()[1]
-    arrived: dict[str, float] = {}  # "<id>" for the outbox's messages, "m<id>" for the minimal relay's rows
-    done = threading.Event()
-
-    def receive() -> None:
-        while not done.is_set():
-            try:
-                data = receiver.recv(100)
-            except TimeoutError:
-                continue
-            message_id, at = data.decode().split()
-            arrived[message_id] = float(at)
-
-    listener = threading.Thread(target=receive, daemon=True)
-    listener.start()
-    import json
-
-    from django.db import connection
-
-    from .minimal_relay import INSERT_ONE
-
-    ensure_minimal(ctx)
-    _minimal_reset(ctx)
-    worker = procs.outbox_worker(ctx.dsn, env={"BENCH_UDP_PORT": str(port), "BENCH_POLL_INTERVAL": "1.0"})
-    minimal = procs.Proc(
-        [
-            sys.executable,
-            str(procs.ROOT / "bench" / "minimal_relay.py"),
-            ctx.dsn,
-            "--listen",
-            "bench_minimal",
-            "--udp-port",
-            str(port),
-        ]
-    )
-    reps: list[Json] = []
-
-    def phase(busy: bool, *, flush: bool = True) -> Json:
-        neighbour = None
-        if busy:
-            neighbour = procs.Proc([sys.executable, str(procs.ROOT / "bench" / "neighbour.py"), neighbour_dsn(ctx)])
-            neighbour.wait_for_line("ready")
-            time.sleep(0.3)
-        try:
-            arrived.clear()
-            committed: dict[str, tuple[float, str]] = {}
-            returned: dict[str, float] = {}  # when COMMIT returned: the commit's own time is the difference
-            for i in range(ctx.sizes.latency_messages):
-                kind = LATENCY_KINDS[i % len(LATENCY_KINDS)]
-                with transaction.atomic():
-                    if not flush:  # this transaction only: COMMIT returns (and NOTIFY goes) before the WAL flush
-                        with connection.cursor() as cursor:
-                            cursor.execute("SET LOCAL synchronous_commit = off")
-                    if kind == "minimal":  # the reference: one row into the minimal table, one NOTIFY
-                        with connection.cursor() as cursor:
-                            cursor.execute(INSERT_ONE + " RETURNING id", [json.dumps({"n": i})])
-                            row_id = f"m{cursor.fetchone()[0]}"
-                            cursor.execute("SELECT pg_notify('bench_minimal', '')")
-                    else:
-                        message = outbox.send(
-                            "bench.latency",
-                            {"n": i},
-                            key=f"k{i // len(LATENCY_KINDS) % 10}" if kind == "keyed" else None,
-                            headers={"bench-latency": "1"},
-                        )
-                        row_id = str(message.id)
-                    committed[row_id] = (time.time(), kind)  # before COMMIT: the figure includes it
-                returned[row_id] = time.time()
-                time.sleep(random.uniform(*GAP))
-            deadline = time.monotonic() + 15
-            while len(arrived) < len(committed) and time.monotonic() < deadline:
-                time.sleep(0.05)
-        finally:
-            if neighbour is not None:
-                neighbour.stop()
-        result: Json = {"lost": sum(1 for k in committed if k not in arrived)}
-        if neighbour is not None:
-            ran = [line for line in neighbour.lines if line.startswith("transactions ")]
-            result["neighbour_transactions"] = int(ran[-1].split()[1]) if ran else 0
-        for kind in LATENCY_KINDS:
-            ms = [(arrived[k] - at) * 1000 for k, (at, sent) in committed.items() if sent == kind and k in arrived]
-            result[kind] = {"p50_ms": percentile(ms, 50), "p99_ms": percentile(ms, 99), "max_ms": max(ms, default=0)}
-            # The split: COMMIT's own round trip (the WAL flush), then from its return to the handler (the
-            # wake-up: NOTIFY, listener, claim). A handler can start before COMMIT returns to the sender.
-            commit = [(returned[k] - at) * 1000 for k, (at, sent) in committed.items() if sent == kind]
-            after = [
-                (arrived[k] - returned[k]) * 1000 for k, (_, sent) in committed.items() if sent == kind and k in arrived
-            ]
-            result[kind]["commit_p50_ms"] = percentile(commit, 50)
-            result[kind]["commit_p99_ms"] = percentile(commit, 99)
-            result[kind]["after_commit_p50_ms"] = percentile(after, 50)
-            result[kind]["after_commit_p99_ms"] = percentile(after, 99)
-        return result
-
-    try:
-        minimal.wait_for_line("ready")
-        worker.wait_for_line("relaying")
-        time.sleep(1.0)
-        for first in interleaved(ctx.sizes.reps):
-            rep: Json = {}
-            for busy in [False, True] if first else [True, False]:
-                rep["busy" if busy else "idle"] = phase(busy)
-            # The same idle phase with the senders' commits not waiting for the disk: what is left is the
-            # wake-up path alone, for the outbox and the minimal relay alike (design against machine).
-            rep["idle_async"] = phase(False, flush=False)
-            reps.append(rep)
-            ctx.log(
-                "  latency: "
-                + "; ".join(
-                    f"{p} {k} p50 {rep[p][k]['p50_ms']:.1f} p99 {rep[p][k]['p99_ms']:.1f}"
-                    for p in ("idle", "busy", "idle_async")
-                    for k in ("unkeyed", "keyed", "minimal")
-                )
-            )
-    finally:
-        worker.stop()
-        minimal.stop()
-        done.set()
-        listener.join()
-        receiver.close()
-    out: Json = {"messages_per_phase": ctx.sizes.latency_messages, "reps": reps}
-    for p in ("idle", "busy", "idle_async"):
-        fig: Json = {"lost": sum(r[p]["lost"] for r in reps)}
-        for k in LATENCY_KINDS:
-            fig[k] = {q: median([r[p][k][q] for r in reps]) for q in LATENCY_FIGURES}
-        fig["unkeyed_p50_to_minimal"] = median(
-            [_safe_ratio(r[p]["unkeyed"]["p50_ms"], r[p]["minimal"]["p50_ms"]) for r in reps]
-        )
-        fig["keyed_p50_ratio"] = median([_safe_ratio(r[p]["keyed"]["p50_ms"], r[p]["unkeyed"]["p50_ms"]) for r in reps])
-        fig["keyed_p99_ratio"] = median([_safe_ratio(r[p]["keyed"]["p99_ms"], r[p]["unkeyed"]["p99_ms"]) for r in reps])
-        out[p] = fig
-    idle, busy = out["idle"], out["busy"]
-    out["target"] = "idle p50 <= 2 ms, p99 <= 5 ms; busy keyed p50 <= 2x, p99 <= 3x unkeyed"
-    out["ok_idle"] = idle["unkeyed"]["p50_ms"] <= 2 and idle["unkeyed"]["p99_ms"] <= 5
-    out["ok_keyed"] = busy["keyed_p50_ratio"] <= 2 and busy["keyed_p99_ratio"] <= 3
-    out["ok"] = out["ok_idle"] and out["ok_keyed"] and idle["lost"] + busy["lost"] == 0
-    return out
 
 
 #: The latency figure's messages, in turn: the outbox's keyed and unkeyed, and the minimal relay's rows.
@@ -756,60 +440,140 @@ LATENCY_FIGURES = (
     "p50_ms",
     "p99_ms",
     "max_ms",
-    "commit_p50_ms",
-    "commit_p99_ms",
-    "after_commit_p50_ms",
-    "after_commit_p99_ms",
+    *(f"{s}_p{q}_ms" for s in ("commit", "after_commit") for q in (50, 99)),
 )
+
+
+def latency_neighbour(ctx: Context) -> Json:
+    """Commit to handler, unkeyed and keyed, without and with a busy neighbour database on the same server.
+
+    One idle worker (NOTIFY) and the minimal relay waiting for a NOTIFY of its own (the reference); each
+    phase sends ``latency_messages`` one per transaction, in turn keyed (ten keys), unkeyed and a minimal
+    row. In ``busy``, ``bench/neighbour.py`` runs tiny write transactions in ``<name>_neighbour``; the
+    phases alternate their order. Figures: medians over the repetitions of each repetition's percentile.
+    """
+    from django.db import transaction
+
+    from django_outbox import outbox
+
+    with tables.connect(ctx.dsn) as conn:
+        tables.truncate(conn)
+        tables.vacuum(conn)
+    tables.ensure_database(neighbour_dsn(ctx))
+    ensure_minimal(ctx)
+    with tables.connect(ctx.dsn) as conn:
+        conn.execute(MINIMAL.reset[0])
+
+    def send(i: int, kind: str, flush: bool) -> str:
+        with transaction.atomic():
+            if not flush:  # this transaction only: COMMIT returns (and NOTIFY goes) before the WAL flush
+                execute("SET LOCAL synchronous_commit = off")
+            if kind == "minimal":  # the reference: one row into the minimal table, one NOTIFY
+                row_id = f"m{sql(INSERT_ONE + ' RETURNING id', [json.dumps({'n': i})])[0][0]}"
+                execute("SELECT pg_notify('bench_minimal', '')")
+            else:
+                key = f"k{i // len(LATENCY_KINDS) % 10}" if kind == "keyed" else None
+                row_id = str(outbox.send("bench.latency", {"n": i}, key=key, headers={"bench-latency": "1"}).id)
+            committed[row_id] = (time.time(), kind)  # before COMMIT: the figure includes it
+        return row_id
+
+    committed: dict[str, tuple[float, str]] = {}
+
+    def phase(busy: bool, arrived: dict[str, float], *, flush: bool = True) -> Json:
+        neighbour = procs.script("neighbour.py", neighbour_dsn(ctx)) if busy else None
+        try:
+            if neighbour is not None:
+                neighbour.wait_for_line("ready")
+                time.sleep(0.3)
+            arrived.clear()
+            committed.clear()
+            returned: dict[str, float] = {}  # when COMMIT returned: the commit's own time is the difference
+            for i in range(ctx.sizes.latency_messages):
+                returned[send(i, LATENCY_KINDS[i % len(LATENCY_KINDS)], flush)] = time.time()
+                time.sleep(random.uniform(*GAP))
+            procs.wait_for_all(arrived, committed, 15)
+        finally:
+            if neighbour is not None:
+                neighbour.stop()
+        result: Json = {"lost": sum(1 for k in committed if k not in arrived)}
+        if neighbour is not None:
+            ran = [line for line in neighbour.lines if line.startswith("transactions ")]
+            result["neighbour_transactions"] = int(ran[-1].split()[1]) if ran else 0
+        for kind in LATENCY_KINDS:
+            mine = [k for k, (_, sent) in committed.items() if sent == kind]
+            ms = [(arrived[k] - committed[k][0]) * 1000 for k in mine if k in arrived]
+            # the split: COMMIT's own round trip (the WAL flush), then from its return to the handler
+            commit = [(returned[k] - committed[k][0]) * 1000 for k in mine]
+            after = [(arrived[k] - returned[k]) * 1000 for k in mine if k in arrived]
+            result[kind] = {"p50_ms": percentile(ms, 50), "p99_ms": percentile(ms, 99), "max_ms": max(ms, default=0)}
+            for name, values in (("commit", commit), ("after_commit", after)):
+                result[kind] |= {f"{name}_p{q}_ms": percentile(values, q) for q in (50, 99)}
+        return result
+
+    reps: list[Json] = []
+    with procs.udp_receiver() as (port, arrived):
+        worker = procs.outbox_worker(ctx.dsn, env={"BENCH_UDP_PORT": str(port), "BENCH_POLL_INTERVAL": "1.0"})
+        minimal = procs.script("minimal_relay.py", ctx.dsn, "--listen", "bench_minimal", "--udp-port", str(port))
+        try:
+            minimal.wait_for_line("ready")
+            worker.wait_for_line("relaying")
+            time.sleep(1.0)
+            for first in interleaved(ctx.sizes.reps):
+                rep = {("busy" if busy else "idle"): phase(busy, arrived) for busy in [not first, first]}
+                # the idle phase with the senders' commits not waiting for the disk: the wake-up path alone
+                rep["idle_async"] = phase(False, arrived, flush=False)
+                reps.append(rep)
+                ctx.log(
+                    "  latency: "
+                    + "; ".join(
+                        f"{p} {k} p50 {rep[p][k]['p50_ms']:.1f} p99 {rep[p][k]['p99_ms']:.1f}"
+                        for p in ("idle", "busy", "idle_async")
+                        for k in LATENCY_KINDS
+                    )
+                )
+        finally:
+            worker.stop()
+            minimal.stop()
+    out: Json = {"messages_per_phase": ctx.sizes.latency_messages, "reps": reps}
+    for p in ("idle", "busy", "idle_async"):
+        fig: Json = {"lost": sum(r[p]["lost"] for r in reps)}
+        for k in LATENCY_KINDS:
+            fig[k] = {q: median([r[p][k][q] for r in reps]) for q in LATENCY_FIGURES}
+
+        def within(kind: str, reference: str, q: str, p: str = p) -> float:
+            return median([_safe_ratio(r[p][kind][q], r[p][reference][q]) for r in reps])
+
+        fig["unkeyed_p50_to_minimal"] = within("unkeyed", "minimal", "p50_ms")
+        fig["keyed_p50_ratio"] = within("keyed", "unkeyed", "p50_ms")
+        fig["keyed_p99_ratio"] = within("keyed", "unkeyed", "p99_ms")
+        out[p] = fig
+    idle, busy = out["idle"], out["busy"]
+    out["target"] = "idle p50 <= 2 ms, p99 <= 5 ms; busy keyed p50 <= 2x, p99 <= 3x unkeyed"
+    out["ok_idle"] = idle["unkeyed"]["p50_ms"] <= 2 and idle["unkeyed"]["p99_ms"] <= 5
+    out["ok_keyed"] = busy["keyed_p50_ratio"] <= 2 and busy["keyed_p99_ratio"] <= 3
+    out["ok"] = out["ok_idle"] and out["ok_keyed"] and idle["lost"] + busy["lost"] == 0
+    return out
 
 
 def _safe_ratio(value: float, reference: float) -> float:
     return value / reference if reference > 0 else float("nan")
 
 
-# --- enqueue concurrency ------------------------------------------------------------------------
+# --- c. enqueue concurrency and keyed producers ---------------------------------------------------
 
 ENQUEUE_MODES = ("send", "floor_notify", "send_quiet", "floor")
+KEYED_MODES = ("send_quiet", "key_many", "key_one")
 
 
-def _ratio(reps: list[Json], mode: str, reference: str) -> float:
-    return median([r[mode] / r[reference] for r in reps])
-
-
-def _rates(per: int, reps: list[Json], modes: tuple[str, ...], **ratios: tuple[str, str]) -> Json:
-    """The figure of a producers' run: each mode's median rate, the named ratios, and every repetition."""
-    return {
-        "transactions_per_producer": per,
-        **{f"{mode}_per_s": median([r[mode] for r in reps]) for mode in modes},
-        **{name: _ratio(reps, mode, reference) for name, (mode, reference) in ratios.items()},
-        "reps": reps,
-    }
-
-
-def _producer_reps(ctx: Context, producers: int, per: int, modes: tuple[str, ...]) -> list[Json]:
-    """Per repetition, transactions per second of each of ``modes`` (``bench/producer.py``), the modes'
-    order reversed every other repetition."""
-    plan: list[str] = []
-    for first in interleaved(ctx.sizes.reps):
-        plan += list(modes) if first else list(modes)[::-1]
-    rounds = _producer_rounds(ctx, producers, per, plan)
-    return [dict(rounds[i : i + len(modes)]) for i in range(0, len(rounds), len(modes))]
-
-
-def _producer_rounds(ctx: Context, producers: int, per: int, plan: list[str]) -> list[tuple[str, float]]:
-    """Transactions per second of each round of ``plan`` (``bench/producer.py`` modes), ``producers``
-    processes at once, each running ``per`` transactions a round; a round starts when its file appears."""
-    import tempfile
-
+def _producer_rounds(ctx: Context, producers: int, per: int, modes: tuple[str, ...]) -> list[Json]:
+    """Per repetition, transactions per second of each of ``modes``, their order reversed every other
+    repetition: ``producers`` processes of ``bench/producer.py`` started once, each running ``per``
+    transactions a round, each round released to all at once by a file (start-up is not timed)."""
+    plan = [m for first in interleaved(ctx.sizes.reps) for m in (modes if first else modes[::-1])]
+    rounds: list[tuple[str, float]] = []
     with tempfile.TemporaryDirectory(prefix="bench-producers-") as go_dir:
-        started = [
-            procs.Proc(
-                [sys.executable, str(procs.ROOT / "bench" / "producer.py"), go_dir, str(per), *plan],
-                env={"DATABASE_URL": ctx.dsn},
-            )
-            for _ in range(producers)
-        ]
-        rounds: list[tuple[str, float]] = []
+        env = {"DATABASE_URL": ctx.dsn}
+        started = [procs.script("producer.py", go_dir, str(per), *plan, env=env) for _ in range(producers)]
         try:
             for p in started:
                 p.wait_for_line("ready", timeout=180)
@@ -821,79 +585,65 @@ def _producer_rounds(ctx: Context, producers: int, per: int, plan: list[str]) ->
                 rounds.append((mode, producers * per / (time.monotonic() - t0)))
         finally:
             procs.stop_all(started)
-    return rounds
+    return [dict(rounds[i : i + len(modes)]) for i in range(0, len(rounds), len(modes))]
+
+
+def _producers(ctx: Context, modes: tuple[str, ...], **ratios: tuple[str, str]) -> Json:
+    """Each producer count's median rate per mode and the named ratios (the minimal table is the floor's,
+    and the producers' warm-up writes to it)."""
+    ensure_minimal(ctx)
+    by: Json = {}
+    for producers in ctx.sizes.enqueue_producers:
+        per = max(4, ctx.sizes.enqueue_transactions // producers)
+        reps = _producer_rounds(ctx, producers, per, modes)
+        by[str(producers)] = figure = {
+            "transactions_per_producer": per,
+            **medians(reps, modes, "_per_s"),
+            **{name: _ratio(reps, mode, reference) for name, (mode, reference) in ratios.items()},
+            "reps": reps,
+        }
+        ctx.log(
+            f"  producers x{producers}: "
+            + ", ".join(f"{m} {figure[m + '_per_s']:,.0f} tx/s" for m in modes)
+            + "; "
+            + ", ".join(f"{name} {figure[name]:.2f}x" for name in ratios)
+        )
+    return {"by_producers": by}
 
 
 def enqueue(ctx: Context) -> Json:
-    """Transactions per second of 1, 4 and 16 producer processes: send() against the floor, NOTIFY on and off.
-
-    Each producer (``bench/producer.py``) is started once per concurrency and runs every mode in turn,
-    each round released to all at once by a file, so that start-up is not timed and the modes alternate
-    (their order reversed every other repetition). The floor is the same business transaction plus one
-    hand-written ``INSERT`` into the minimal table, with ``pg_notify`` (``floor_notify``, against
-    ``send`` with NOTIFY on) or without (``floor``, against ``send_quiet``, ``OUTBOX["NOTIFY"] = False``).
-    """
-    ensure_minimal(ctx)
-    result: Json = {"by_producers": {}}
-    for producers in ctx.sizes.enqueue_producers:
-        per = max(4, ctx.sizes.enqueue_transactions // producers)
-        reps = _producer_reps(ctx, producers, per, ENQUEUE_MODES)
-        figure = _rates(per, reps, ENQUEUE_MODES, ratio_notify=("send", "floor_notify"))
-        figure["ratio_quiet"] = _ratio(reps, "send_quiet", "floor")
-        figure["notify_cost"] = _ratio(reps, "floor_notify", "floor")
+    """Transactions per second of 1, 4 and 16 producers: send() against the floor (the same transaction plus
+    one hand-written INSERT into the minimal table), with NOTIFY (and pg_notify) and without."""
+    result = _producers(
+        ctx,
+        ENQUEUE_MODES,
+        ratio_notify=("send", "floor_notify"),
+        ratio_quiet=("send_quiet", "floor"),
+        notify_cost=("floor_notify", "floor"),
+    )
+    for figure in result["by_producers"].values():
         figure["ok"] = figure["ratio_notify"] >= 0.9 and figure["ratio_quiet"] >= 0.9
-        result["by_producers"][str(producers)] = figure
-        ctx.log(
-            f"  enqueue x{producers}: "
-            + ", ".join(f"{m} {figure[m + '_per_s']:,.0f} tx/s" for m in ENQUEUE_MODES)
-            + f"; send/floor {figure['ratio_notify']:.2f}x (NOTIFY), {figure['ratio_quiet']:.2f}x (quiet)"
-        )
     result["target"] = "send >= 0.9x the floor at the same concurrency"
     result["ok"] = all(f["ok"] for f in result["by_producers"].values())
     return result
 
 
-KEYED_MODES = ("send_quiet", "key_many", "key_one")
-
-
 def keyed_producers(ctx: Context) -> Json:
-    """Transactions per second of 1, 4 and 16 producer processes sending keyed messages, against unkeyed.
-
-    The cost of a keyed ``send()``: its key's lock (and the lock every keyed producer shares) taken before
-    the row's id and held to commit. ``key_many``: each transaction a key of its own (the locks cost, no
-    producer waits); ``key_one``: every producer on one key (they queue for its lock, one commit at a
-    time). NOTIFY is off in all three, so the figure is the locks'. Rounds as in ``enqueue``.
-    """
-    ensure_minimal(ctx)  # the producers' warm-up writes to it
-    result: Json = {"by_producers": {}}
-    for producers in ctx.sizes.enqueue_producers:
-        per = max(4, ctx.sizes.enqueue_transactions // producers)
-        reps = _producer_reps(ctx, producers, per, KEYED_MODES)
-        figure = _rates(per, reps, KEYED_MODES, ratio_key_many=("key_many", "send_quiet"))
-        figure["ratio_key_one"] = _ratio(reps, "key_one", "send_quiet")
-        result["by_producers"][str(producers)] = figure
-        ctx.log(
-            f"  keyed producers x{producers}: "
-            + ", ".join(f"{m} {figure[m + '_per_s']:,.0f} tx/s" for m in KEYED_MODES)
-            + f"; many keys {figure['ratio_key_many']:.2f}x, one key {figure['ratio_key_one']:.2f}x of unkeyed"
-        )
-    return result
+    """Keyed ``send()`` against unkeyed, NOTIFY off: ``key_many`` a key per transaction (the locks' cost),
+    ``key_one`` every producer on one key (they queue for its lock). Rounds as in ``enqueue``."""
+    return _producers(
+        ctx, KEYED_MODES, ratio_key_many=("key_many", "send_quiet"), ratio_key_one=("key_one", "send_quiet")
+    )
 
 
 # --- d. scale ---------------------------------------------------------------------------------
 
 
 def claim_cost(ctx: Context) -> Json:
-    """Milliseconds per claim (and per record) of 100 messages, with little and with much history.
-
-    Each batch alternates between prepared statements (``prepared``, what the worker does by default) and
-    ``OUTBOX["PREPARED_STATEMENTS"] = False`` (``unprepared``: Django's client-side binding), to show what
-    preparing buys.
-    """
+    """Milliseconds per claim (and per record) of 100 messages, with little and with much history, each in
+    units of a primary-key lookup of 100 rows on the same connection; each batch alternating prepared
+    statements (the default) and ``PREPARED_STATEMENTS = False``."""
     from django.db import connections
-    from django.utils import timezone
-
-    from django_outbox import store
 
     per_size: Json = {}
     batches = ctx.sizes.claim_batches
@@ -905,14 +655,13 @@ def claim_cost(ctx: Context) -> Json:
             tables.fill_history(conn, history)
             conn.execute(tables.PENDING, {"n": 100 * (batches * ctx.sizes.reps + 6) * len(aliases)})
             tables.vacuum(conn)
-            # Write the fill's pages out now: otherwise the checkpointer flushes them (for 2,000,000 rows,
-            # hundreds of megabytes) while the claims are timed, and slows the large size's figures only.
+            # Write the fill's pages out now, not while the claims are timed (the large size's only).
             conn.execute("CHECKPOINT")
         record_errors: dict[str, str] = {}
         connections["default"].close()
         for alias in aliases:
             for _ in range(6):  # warm-up: connection, catalog caches, the prepared statements
-                _claim_and_record(alias, store, timezone, record_errors)
+                _claim_and_record(alias, record_errors)
         reps: list[Json] = []
         for _ in range(ctx.sizes.reps):
             times: dict[str, list[float]] = {f"{kind}_{alias}": [] for kind in ("claim", "record") for alias in aliases}
@@ -921,36 +670,30 @@ def claim_cost(ctx: Context) -> Json:
                 if i % 2 == 1:
                     times["reference"].append(_reference_lookup(history) * 1000)
                 for alias in aliases if i % 2 == 0 else aliases[::-1]:
-                    claim_s, record_s = _claim_and_record(alias, store, timezone, record_errors)
+                    claim_s, record_s = _claim_and_record(alias, record_errors)
                     times[f"claim_{alias}"].append(claim_s * 1000)
                     if record_s is not None:
                         times[f"record_{alias}"].append(record_s * 1000)
                 if i % 2 == 0:
                     times["reference"].append(_reference_lookup(history) * 1000)
-            medians = {k: median(v) for k, v in times.items() if v}
-            medians["claim_over_reference"] = medians["claim_prepared"] / medians["reference"]
-            reps.append(medians)
-        figure: Json = {
-            "history_rows": history,
-            **{k: median([r[k] for r in reps if k in r]) for k in reps[0]},
-            "reps": reps,
-        }
-        figure["claim_ms"] = figure["claim_prepared"]
-        figure["reference_ms"] = figure["reference"]
+            rep = {k: median(v) for k, v in times.items() if v}
+            rep["claim_over_reference"] = rep["claim_prepared"] / rep["reference"]
+            reps.append(rep)
+        figure: Json = {"history_rows": history, **{k: median([r[k] for r in reps if k in r]) for k in reps[0]}}
+        figure |= {"reps": reps, "claim_ms": figure["claim_prepared"], "reference_ms": figure["reference"]}
         figure["record_ms"] = figure["record_prepared"]
         if record_errors:
             figure["record_errors"] = record_errors
         per_size[label] = figure
         ctx.log(f"  with {history:,} rows of history: " + ", ".join(f"{k} {v:.2f} ms" for k, v in reps[-1].items()))
-    raw = per_size["large"]["claim_ms"] / per_size["small"]["claim_ms"]
-    # the target's figure: the claim in units of the same run's primary-key lookup, large over small
-    ratio = per_size["large"]["claim_over_reference"] / per_size["small"]["claim_over_reference"]
+    small, large = per_size["small"], per_size["large"]
+    ratio = large["claim_over_reference"] / small["claim_over_reference"]  # the target's figure
     return {
         **per_size,
         "ratio": ratio,
-        "raw_ratio": raw,
-        "reference_ratio": per_size["large"]["reference_ms"] / per_size["small"]["reference_ms"],
-        "record_ratio": per_size["large"]["record_ms"] / per_size["small"]["record_ms"],
+        "raw_ratio": large["claim_ms"] / small["claim_ms"],
+        "reference_ratio": large["reference_ms"] / small["reference_ms"],
+        "record_ratio": large["record_ms"] / small["record_ms"],
         "reference": "SELECT of 100 random history rows by primary key (id = ANY(...)), same connection",
         "target": "claim / reference within 10% from the small to the large history",
         "ok": ratio <= 1.10,
@@ -972,12 +715,14 @@ def _reference_lookup(history: int) -> float:
         return time.perf_counter() - started
 
 
-def _claim_and_record(mode: str, store: Any, timezone: Any, errors: dict[str, str]) -> tuple[float, float | None]:
+def _claim_and_record(mode: str, errors: dict[str, str]) -> tuple[float, float | None]:
     """Times of one claim of 100 and of recording them, with prepared statements on or off (``mode``)."""
     from django.db import DatabaseError
-    from django.test import override_settings
+    from django.utils import timezone
 
-    with override_settings(OUTBOX={**_outbox_settings(), "PREPARED_STATEMENTS": mode == "prepared"}):
+    from django_outbox import store
+
+    with outbox_settings(PREPARED_STATEMENTS=mode == "prepared"):
         t = time.perf_counter()
         batch = store.claim("default", worker=f"bench:{mode}", limit=100, lease_seconds=60)
         claim_s = time.perf_counter() - t
@@ -996,27 +741,24 @@ def _claim_and_record(mode: str, store: Any, timezone: Any, errors: dict[str, st
 
 
 def open_transaction(ctx: Context, *, expected_rate: float) -> Json:
-    """Throughput of one worker while another session holds a transaction open, against none.
-
-    The transaction (with an xid, so vacuum must keep every row version it might see) is opened before
-    the backlog is committed and held for the whole window; the worker drains until the backlog is gone
-    or the window ends. The backlog is sized to last about the window at the rate measured in b.
-    """
+    """One worker's rate while another session holds a transaction (with an xid) open from before the
+    backlog's commit to the window's end, against none; the backlog lasts about the window at b's rate."""
     window = ctx.sizes.open_tx_seconds
     backlog = int(min(400_000, max(1000, expected_rate * window)))
 
     def once(hold: bool) -> float:
-        _outbox_reset(ctx)
+        with tables.connect(ctx.dsn) as conn:
+            tables.truncate(conn)
         holder = psycopg.connect(ctx.dsn) if hold else None
         worker = OUTBOX.start(ctx)
         try:
-            OUTBOX.ready(ctx, [worker])
+            worker.wait_for_line("relaying")
             time.sleep(0.5)
             if holder is not None:
                 holder.execute("SELECT txid_current()")  # an xid: vacuum cannot remove what it might see
             t0 = _outbox_fill(ctx, backlog)
             with tables.connect(ctx.dsn) as conn:
-                while time.time() < t0 + window and _busy_on(conn, OUTBOX):
+                while time.time() < t0 + window and _exists(conn, OUTBOX_BUSY):
                     time.sleep(0.1)
                 elapsed = time.time() - t0
                 delivered = tables.count(conn, "delivered")
@@ -1029,17 +771,13 @@ def open_transaction(ctx: Context, *, expected_rate: float) -> Json:
 
     reps: list[Json] = []
     for first in interleaved(ctx.sizes.reps):
-        rates: dict[str, float] = {}
-        for hold in [True, False] if first else [False, True]:
-            rates["held" if hold else "free"] = once(hold)
-        reps.append(rates)
-        ctx.log(f"  open transaction ({window:.0f}s): " + ", ".join(f"{k} {v:,.0f}/s" for k, v in rates.items()))
-    ratio = median([r["held"] / r["free"] for r in reps])
+        reps.append({("held" if hold else "free"): once(hold) for hold in [first, not first]})
+        ctx.log(f"  open transaction ({window:.0f}s): " + ", ".join(f"{k} {v:,.0f}/s" for k, v in reps[-1].items()))
+    ratio = _ratio(reps, "held", "free")
     return {
         "window_s": window,
         "backlog": backlog,
-        "free_per_s": median([r["free"] for r in reps]),
-        "held_per_s": median([r["held"] for r in reps]),
+        **medians(reps, ("free", "held"), "_per_s"),
         "ratio": ratio,
         "drop_percent": (1 - ratio) * 100,
         "reps": reps,
@@ -1071,13 +809,12 @@ def memory(ctx: Context) -> Json:
                 rss = worker.rss_kib()
             except FileNotFoundError:  # it has just exited
                 break
-            if not rss:  # exited but not yet reaped: /proc has no VmRSS line (it read as 0 MiB at the end)
+            if not rss:  # exited but not yet reaped: /proc has no VmRSS line
                 break
             samples.append((time.monotonic() - t0, delivered, rss))
             time.sleep(0.25)
-        code = worker.stop()
     finally:
-        worker.stop()
+        code = worker.stop()
     if code != 0:
         raise RuntimeError("memory run: worker failed:\n" + "\n".join(worker.lines[-30:]))
     warm = [s for s in samples if s[1] >= n * 0.1] or samples
@@ -1113,158 +850,101 @@ def memory(ctx: Context) -> Json:
 # --- comparisons --------------------------------------------------------------------------------
 
 
-def _compare_env(ctx: Context) -> dict[str, str]:
-    return {"BENCH_COMPARE_DSN": ctx.compare_dsn, "PYTHONPATH": str(procs.ROOT)}
+def _compare_env(ctx: Context, settings: str | None) -> dict[str, str]:
+    env = {"BENCH_COMPARE_DSN": ctx.compare_dsn, "PYTHONPATH": str(procs.ROOT)}
+    return env | ({"DJANGO_SETTINGS_MODULE": settings} if settings else {})
 
 
-def _compare_run(ctx: Context, *args: str, settings: str | None = None) -> str:
+def _compare_run(ctx: Context, module: str, *args: str, settings: str | None = None) -> str:
+    """``python -m module *args`` in the comparison environment; its last line."""
     assert ctx.compare_python is not None
-    env = _compare_env(ctx)
-    if settings:
-        env["DJANGO_SETTINGS_MODULE"] = settings
-    p = procs.Proc([ctx.compare_python, *args], env=env)
-    code = p.proc.wait(timeout=900)
-    p.join_output()
-    if code != 0:
-        raise RuntimeError(f"{args}: exit {code}:\n" + "\n".join(p.lines[-30:]))
-    return p.lines[-1] if p.lines else ""
+    return procs.last_line([ctx.compare_python, "-m", module, *args], env=_compare_env(ctx, settings))
 
 
-TASKS_SETTINGS = "bench.compare.tasks_settings"
+def _peer(name: str, module: str, setup: str, worker: list[str], **kw: Any) -> tuple[System, str, str, str | None]:
+    """A peer library's system: its worker (``-m ...`` in the comparison environment, or a command), its
+    module's ``fill N`` (which prints the time of its commit) and ``setup`` command."""
+    settings = kw.pop("settings", None)
 
-
-def _procrastinate(ctx: Context) -> System:
     def start(c: Context) -> procs.Proc:
         assert c.compare_python is not None
-        cli = os.path.join(os.path.dirname(c.compare_python), "procrastinate")
-        return procs.Proc(
-            [cli, "--app=bench.compare.procrastinate_app.app", "worker", "--queues", "bench", "--concurrency", "1"],
-            env=_compare_env(c),
-        )
+        command = [c.compare_python, *worker] if worker[0] == "-m" else worker
+        return procs.Proc(command, env=_compare_env(c, settings))
 
-    def ready(c: Context, started: list[procs.Proc]) -> None:
-        with psycopg.connect(c.compare_dsn, autocommit=True) as conn:
-
-            def registered() -> bool:
-                row = conn.execute("SELECT count(*) FROM procrastinate_workers").fetchone()
-                return bool(row and row[0] >= len(started))
-
-            started[0].wait_for(registered, "workers registered")
-
-    def reset(c: Context) -> None:
-        with psycopg.connect(c.compare_dsn, autocommit=True) as conn:
-            conn.execute("TRUNCATE procrastinate_jobs, procrastinate_events, procrastinate_workers CASCADE")
-
-    return System(
-        name="procrastinate",
-        start=start,
-        ready=ready,
-        reset=reset,
-        fill=lambda c, n: float(_compare_run(c, "-m", "bench.compare.procrastinate_app", "fill", str(n))),
-    )
+    fill = lambda c, n: float(_compare_run(c, module, "fill", str(n), settings=settings))  # noqa: E731
+    system = System(name=name, start=start, fill=fill, dsn=lambda c: c.compare_dsn, **kw)
+    return system, module, setup, settings
 
 
-def _django_tasks_ready(ctx: Context, started: list[procs.Proc]) -> None:
-    for p in started:
-        p.wait_for_line("Starting worker")
+def _procrastinate_ready(c: Context, started: list[procs.Proc]) -> None:
+    with psycopg.connect(c.compare_dsn, autocommit=True) as conn:
+
+        def registered() -> bool:
+            row = conn.execute("SELECT count(*) FROM procrastinate_workers").fetchone()
+            return bool(row and row[0] >= len(started))
+
+        started[0].wait_for(registered, "workers registered")
 
 
-def _django_tasks(ctx: Context) -> System:
-    def start(c: Context) -> procs.Proc:
-        assert c.compare_python is not None
-        env = {**_compare_env(c), "DJANGO_SETTINGS_MODULE": TASKS_SETTINGS}
-        return procs.Proc(
-            [c.compare_python, "-m", "django", "db_worker", "--interval", "0.1", "--no-startup-delay", "--no-reload"],
-            env=env,
-        )
-
-    def reset(c: Context) -> None:
-        with psycopg.connect(c.compare_dsn, autocommit=True) as conn:
-            conn.execute("TRUNCATE django_tasks_database_dbtaskresult")
-
-    return System(
-        name="django-tasks-db",
-        start=start,
-        ready=_django_tasks_ready,
-        reset=reset,
-        fill=lambda c, n: float(
-            _compare_run(c, "-m", "bench.compare.django_tasks_app", "fill", str(n), settings=TASKS_SETTINGS)
+def _peers(ctx: Context) -> list[tuple[System, str, str, str | None]]:
+    assert ctx.compare_python is not None
+    procrastinate = os.path.join(os.path.dirname(ctx.compare_python), "procrastinate")
+    return [
+        _peer(
+            "procrastinate",
+            "bench.compare.procrastinate_app",
+            "schema",
+            [procrastinate, "--app=bench.compare.procrastinate_app.app", "worker", "--queues=bench", "--concurrency=1"],
+            ready=_procrastinate_ready,
+            reset=("TRUNCATE procrastinate_jobs, procrastinate_events, procrastinate_workers CASCADE",),
+            busy=busy_sql("procrastinate_jobs", "'todo', 'doing'"),
         ),
-    )
-
-
-def _pgqueuer(ctx: Context) -> System:
-    def start(c: Context) -> procs.Proc:
-        assert c.compare_python is not None
-        return procs.Proc([c.compare_python, "-m", "bench.compare.pgqueuer_app", "worker"], env=_compare_env(c))
-
-    def reset(c: Context) -> None:
-        with psycopg.connect(c.compare_dsn, autocommit=True) as conn:
-            conn.execute("TRUNCATE pgqueuer, pgqueuer_log")
-
-    return System(
-        name="pgqueuer",
-        start=start,
-        ready=_baseline_ready,
-        reset=reset,
-        fill=lambda c, n: float(_compare_run(c, "-m", "bench.compare.pgqueuer_app", "fill", str(n))),
-    )
-
-
-JAIMINHO_SETTINGS = "bench.compare.jaiminho_settings"
-
-
-def _jaiminho(ctx: Context) -> System:
-    def start(c: Context) -> procs.Proc:
-        assert c.compare_python is not None
-        env = {**_compare_env(c), "DJANGO_SETTINGS_MODULE": JAIMINHO_SETTINGS}
-        return procs.Proc(
-            [c.compare_python, "-m", "django", "events_relay", "--run-in-loop", "--loop-interval", "0.1"], env=env
-        )
-
-    def ready(c: Context, started: list[procs.Proc]) -> None:
-        for p in started:
-            p.wait_for_line("stream:")
-
-    def reset(c: Context) -> None:
-        with psycopg.connect(c.compare_dsn, autocommit=True) as conn:
-            conn.execute("TRUNCATE jaiminho_event")
-
-    return System(
-        name="django-jaiminho",
-        start=start,
-        ready=ready,
-        reset=reset,
-        fill=lambda c, n: float(
-            _compare_run(c, "-m", "bench.compare.jaiminho_app", "fill", str(n), settings=JAIMINHO_SETTINGS)
+        _peer(
+            "django-tasks-db",
+            "bench.compare.django_tasks_app",
+            "migrate",
+            ["-m", "django", "db_worker", "--interval", "0.1", "--no-startup-delay", "--no-reload"],
+            settings="bench.compare.tasks_settings",
+            ready="Starting worker",
+            reset=("TRUNCATE django_tasks_database_dbtaskresult",),
+            busy=busy_sql("django_tasks_database_dbtaskresult", "'READY', 'RUNNING'"),
         ),
-    )
+        _peer(
+            "pgqueuer",
+            "bench.compare.pgqueuer_app",
+            "schema",
+            ["-m", "bench.compare.pgqueuer_app", "worker"],
+            ready="ready",
+            reset=("TRUNCATE pgqueuer, pgqueuer_log",),
+            busy=busy_sql("pgqueuer", "'queued', 'picked'"),
+        ),
+        _peer(
+            "django-jaiminho",
+            "bench.compare.jaiminho_app",
+            "migrate",
+            ["-m", "django", "events_relay", "--run-in-loop", "--loop-interval", "0.1"],
+            settings="bench.compare.jaiminho_settings",
+            ready="stream:",
+            reset=("TRUNCATE jaiminho_event",),
+            busy="SELECT EXISTS (SELECT 1 FROM jaiminho_event WHERE sent_at IS NULL)",
+        ),
+    ]
 
 
 def compare(ctx: Context, reference: Json) -> Json:
-    """Drain rate of other Python queues with a no-op task, against the baseline measured in this run."""
+    """Drain rate of other Python queues with a no-op task, against the references measured in this run."""
     if not ctx.compare_python:
         ctx.notes.append("comparisons skipped: no --compare-python (see docs/performance.md)")
         return {}
     tables.ensure_database(ctx.compare_dsn)
-    setups: list[tuple[Callable[[Context], System], tuple[str, ...], str | None]] = [
-        (_procrastinate, ("-m", "bench.compare.procrastinate_app", "schema"), None),
-        (_django_tasks, ("-m", "bench.compare.django_tasks_app", "migrate"), TASKS_SETTINGS),
-        (_pgqueuer, ("-m", "bench.compare.pgqueuer_app", "schema"), None),
-        (_jaiminho, ("-m", "bench.compare.jaiminho_app", "migrate"), JAIMINHO_SETTINGS),
-    ]
-    systems: list[System] = []
-    for make, setup, settings in setups:
-        system = make(ctx)
+    result: Json = {"messages": ctx.sizes.compare_messages}
+    for system, module, setup, settings in _peers(ctx):
         try:
-            _compare_run(ctx, *setup, settings=settings)
+            _compare_run(ctx, module, setup, settings=settings)
         except RuntimeError as exc:  # not installed in the comparison environment: say so, measure the rest
             ctx.notes.append(f"{system.name} skipped: {str(exc).splitlines()[-1]}")
             ctx.log(f"  {system.name} skipped (see notes)")
             continue
-        systems.append(system)
-    result: Json = {"messages": ctx.sizes.compare_messages}
-    for system in systems:
         by_processes: Json = {}
         for processes in ctx.sizes.drain_processes:
             rates = [drain_once(ctx, system, processes, ctx.sizes.compare_messages) for _ in range(ctx.sizes.reps)]
@@ -1281,14 +961,8 @@ def compare(ctx: Context, reference: Json) -> Json:
     return result
 
 
-#: Server settings that move the figures; recorded with every run (the shared server of the machine the
-#: docs' figures come from runs with ``autovacuum = off``, for one).
+#: Server settings that move the figures, recorded with every run.
 SERVER_SETTINGS = ("server_version", "autovacuum", "synchronous_commit", "fsync", "shared_buffers", "max_wal_size")
-
-
-def _show(conn: psycopg.Connection[tuple[object, ...]], name: str) -> str:
-    row = conn.execute(f"SHOW {name}").fetchone()
-    return str(row[0]) if row else ""
 
 
 def environment(dsn: str | None = None) -> Json:
@@ -1300,15 +974,14 @@ def environment(dsn: str | None = None) -> Json:
         "psycopg": psycopg.__version__,
         "cpus": os.cpu_count(),
         "when": dt.datetime.now(dt.UTC).isoformat(timespec="seconds"),
+        "loadavg_1_5_15": [round(x, 2) for x in os.getloadavg()],
     }
     try:
-        for line in open("/proc/cpuinfo").read().splitlines():
-            if line.startswith("model name"):
-                info["cpu"] = line.split(":", 1)[1].strip()
-                break
-    except OSError:
+        models = [line for line in open("/proc/cpuinfo").read().splitlines() if line.startswith("model name")]
+        info["cpu"] = models[0].split(":", 1)[1].strip()
+    except (OSError, IndexError):
         pass
     if dsn is not None:
         with tables.connect(dsn) as conn:
-            info["postgresql"] = {name: _show(conn, name) for name in SERVER_SETTINGS}
+            info["postgresql"] = {name: str(conn.execute(f"SHOW {name}").fetchone()[0]) for name in SERVER_SETTINGS}  # type: ignore[index]
     return info

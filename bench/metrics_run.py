@@ -14,7 +14,6 @@ import argparse
 import json
 import os
 import re
-import subprocess
 import sys
 import time
 import urllib.request
@@ -51,38 +50,19 @@ def scrape(url: str) -> dict[str, float]:
 
 def run(seconds: float) -> None:
     os.environ.setdefault("DATABASE_URL", "postgres://postgres@127.0.0.1:5432/outbox_metrics_run")
-    os.environ["DJANGO_SETTINGS_MODULE"] = "tests.settings"
     sys.path.insert(0, str(ROOT))
-    from bench.tables import ensure_database
+    from bench import common, procs
 
-    ensure_database(os.environ["DATABASE_URL"])
-    env = {**os.environ, "PYTHONPATH": str(ROOT), "PYTHONUNBUFFERED": "1"}
-    subprocess.run([sys.executable, "manage.py", "migrate", "-v0"], cwd=ROOT, env=env, check=True)
-    import django
-
-    django.setup()
+    common.setup_django("default", settings="tests.settings")
     from django.db import transaction
 
     from django_outbox import outbox
     from django_outbox.models import Message
 
     Message.objects.all().delete()
-    worker = subprocess.Popen(
-        [sys.executable, "manage.py", "outbox_worker", "--metrics-port", "0", "--concurrency", "2"],
-        cwd=ROOT,
-        env=env,
-        stdout=subprocess.PIPE,
-        stderr=subprocess.STDOUT,
-        text=True,
-    )
-    assert worker.stdout is not None
-    url = None
-    for line in worker.stdout:
-        match = re.search(r"metrics on (http://\S+/metrics)", line)
-        if match:
-            url = match.group(1)
-            break
-    assert url, "the worker did not serve metrics"
+    worker = procs.Proc([sys.executable, "manage.py", "outbox_worker", "--metrics-port", "0", "--concurrency", "2"])
+    worker.wait_for_line("metrics on")
+    url = next(m.group(1) for line in worker.lines if (m := re.search(r"metrics on (http://\S+/metrics)", line)))
     samples = []
     started = time.monotonic()
     try:
@@ -102,8 +82,7 @@ def run(seconds: float) -> None:
             samples.append({"t": round(elapsed, 2), **scrape(url)})
             time.sleep(0.5)
     finally:
-        worker.terminate()
-        worker.communicate(timeout=30)
+        worker.stop()
     RESULT.write_text(json.dumps({"sent": n, "samples": samples}, indent=1) + "\n", encoding="utf-8")
     print(f"sent {n}; {len(samples)} samples in {RESULT.relative_to(ROOT)}")
 

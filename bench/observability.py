@@ -1,32 +1,21 @@
 """``send()`` without opentelemetry installed costs nothing more than ``send()`` without the tracing hook.
 
-    python bench/observability.py [--sends 2000] [--rounds 3]        (SQLite in a temporary file;
-    DATABASE_URL=postgres://... for PostgreSQL)
+    python bench/observability.py [--sends 2000] [--rounds 3]   (SQLite in a temporary file, or DATABASE_URL)
 
-Each variant runs in a process of its own (same layout), ``--sends`` calls of ``outbox.send()`` in one
-transaction that is rolled back, ``--rounds`` times, variants interleaved. The fastest round of each
-is compared (as ``timeit`` does, and bench/claim_cost.py: on a shared machine the median and the tail
-measure the neighbours as much as the code); the medians are printed beside them:
-
-- ``reference``: ``django_outbox.api`` loaded from its source with the two lines of the hook removed
-  (``if trace_headers is not None: ...``): the code as it was before tracing;
-- ``without``: opentelemetry made unimportable (what a user without the ``[otel]`` extra runs); the
-  process also checks that no ``opentelemetry`` module was imported;
-- ``no-span``: opentelemetry-api installed, no span active (a worker or a command outside any trace);
-- ``in-span``: the SDK installed and a span active: the header is written.
-
-Fails (exit 1) when ``without``'s fastest round is more than ``--tolerance`` (default 3%) slower than
-``reference``'s.
+Each variant runs ``--sends`` calls of ``outbox.send()`` in one rolled-back transaction, in a process of its
+own, ``--rounds`` times interleaved; the fastest rounds are compared (on a shared machine the median and
+the tail measure the neighbours too): ``reference`` (``django_outbox.api`` loaded without the hook's two
+lines), ``without`` (opentelemetry unimportable; the process checks none was imported), ``no-span``
+(opentelemetry-api, no span) and ``in-span`` (the SDK, a span active). Fails (exit 1) when ``without`` is
+more than ``--tolerance`` (3%) slower than ``reference``.
 """
 
 from __future__ import annotations
 
-import argparse
 import importlib.util
 import json
 import os
 import re
-import statistics
 import subprocess
 import sys
 import tempfile
@@ -35,13 +24,15 @@ import types
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT))
+from bench import common  # noqa: E402
+
 #: The two lines of ``send()`` that the reference leaves out, at whatever indentation they stand.
 HOOK = re.compile(r"^ *if trace_headers is not None:.*\n *headers = trace_headers\(headers\)\n", re.MULTILINE)
 VARIANTS = ("reference", "without", "no-span", "in-span")
 
 
 def child(variant: str, sends: int) -> None:
-    sys.path.insert(0, str(ROOT))
     if variant == "without":
         sys.modules["opentelemetry"] = None  # type: ignore[assignment]  # import opentelemetry now fails
     if variant == "reference":
@@ -96,7 +87,7 @@ def child(variant: str, sends: int) -> None:
 
 
 def main() -> int:
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser = common.parser(__doc__)
     parser.add_argument("--sends", type=int, default=2000)
     parser.add_argument("--rounds", type=int, default=3)
     parser.add_argument("--tolerance", type=float, default=0.03)
@@ -127,7 +118,7 @@ def main() -> int:
                     print("opentelemetry was imported although it is not installed", file=sys.stderr)
                     return 1
                 results[variant].append(row["per_send_us"])
-    medians = {v: statistics.median(r) for v, r in results.items()}
+    medians = {v: common.median(r) for v, r in results.items()}
     fastest = {v: min(r) for v, r in results.items()}
     for variant in VARIANTS:
         runs = " ".join(f"{r:.1f}" for r in results[variant])
@@ -138,8 +129,7 @@ def main() -> int:
         )
     ratio = fastest["without"] / fastest["reference"]
     if args.json:
-        figures = {"per_send_us": medians, "fastest_us": fastest, "without_vs_reference": ratio}
-        args.json.write_text(json.dumps(figures, indent=2))
+        common.write_json(args.json, {"per_send_us": medians, "fastest_us": fastest, "without_vs_reference": ratio})
     if ratio > 1 + args.tolerance:
         print(f"send() without opentelemetry is {ratio:.3f}x the reference, over 1+{args.tolerance}", file=sys.stderr)
         return 1

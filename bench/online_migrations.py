@@ -1,49 +1,33 @@
 """What a migration costs the requests that send while it runs: the online operations against Django's own.
 
     python bench/online_migrations.py [--databases postgresql,mysql] [--rows 1000000,10000000]
-        [--pending 100000] [--reps 3] [--json FILE]
+        [--pending 100000] [--reps 3] [--variants online,plain,package] [--json FILE]
 
-For each database and each table size it makes a database of its own (``bench_online``), migrates it to
-the outbox's own migrations (``BASE``), fills the message table with ``--rows`` delivered messages, and then, per
-repetition and per variant, with ``--pending`` pending messages added, a producer calling ``outbox.send()``
-every 5 ms (each in a transaction of its own, as a request) and two ``outbox_worker`` processes draining,
-runs ``manage.py migrate`` one migration at a time through three changes to the message table:
-
-- ``index``: a new index on ``topic``;
-- ``column``: a new column that may be NULL;
-- ``check``: a check constraint on that column.
-
-The ``package`` variant runs the package's own migrations after its initial one (``STEPS_OF``) the same
-way, from ``0001_initial``, with workers that run the code before them (docs/upgrading.md gives its row).
-
-The variants are the same three migrations written two ways (tests/support/migration_samples): ``online``
-with ``django_outbox.store.online`` (an index built concurrently / in place, a bounded lock wait with
-retries, a check added ``NOT VALID`` and validated apart), and ``plain`` as ``makemigrations`` writes them
-(``AddIndex``, ``AddField``, ``AddConstraint``): the reference, run in the same process layout in the same
-run, alternating which goes first. After each variant the database migrates back, with no load.
-
-Per change it reports how long ``migrate`` took, the longest ``send()`` that overlapped it, and, as the
-floor, the longest ``send()`` of the seconds before it with no migration running; failed sends and lines
-of worker errors are counted. Medians over the repetitions.
+Per database and table size (``--rows`` delivered messages in ``bench_online``), per repetition and
+variant, with ``--pending`` pending messages, ``outbox.send()`` every 5 ms and two workers draining, it
+runs ``manage.py migrate`` one migration at a time through three changes to the message table (an index
+on ``topic``, a column that may be NULL, a check constraint on it). ``online``: the three written with
+``django_outbox.store.online`` (tests/support/migration_samples); ``plain``: as ``makemigrations`` writes
+them (the reference, in the same run, alternating which goes first); ``package``: the package's own
+migrations after its initial one, with workers on the code before them. Per change: how long ``migrate``
+took, the longest ``send()`` overlapping it and, as the floor, the longest of the seconds before; failed
+sends and worker error lines are counted. Medians over the repetitions.
 """
 
 from __future__ import annotations
 
-import argparse
 import json
 import os
-import statistics
-import subprocess
 import sys
 import threading
 import time
 from pathlib import Path
 from typing import Any
-from urllib.parse import urlparse
 
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
-from bench import procs  # noqa: E402  (needs ROOT on the path)
+from bench import common, procs, tables  # noqa: E402
+from bench.common import median  # noqa: E402
 
 DSN = {
     "postgresql": "postgres://postgres@127.0.0.1:5432/bench_online",
@@ -86,62 +70,18 @@ FROM seq_1_to_{n}
 }
 
 
-def env_for(vendor: str, module: str | None = None) -> dict[str, str]:
-    env = {"DJANGO_SETTINGS_MODULE": "bench.settings", "DATABASE_URL": DSN[vendor], "BENCH_LOG_LEVEL": "WARNING"}
-    if module:
-        env["BENCH_MIGRATION_MODULE"] = module
-    return env
-
-
 def manage(vendor: str, *args: str, module: str | None = None) -> float:
-    started = time.monotonic()
-    subprocess.run(
-        [sys.executable, str(ROOT / "manage.py"), *args],
-        cwd=ROOT,
-        env={**os.environ, **env_for(vendor, module)},
-        check=True,
-        capture_output=True,
-        text=True,
-    )
-    return time.monotonic() - started
-
-
-def raw(vendor: str) -> Any:
-    url = urlparse(DSN[vendor])
-    if vendor == "postgresql":
-        import psycopg
-
-        return psycopg.connect(DSN[vendor], autocommit=True)
-    import MySQLdb
-
-    return MySQLdb.connect(host=url.hostname or "127.0.0.1", port=url.port or 3306, user="root", autocommit=True)
+    extra = {"BENCH_MIGRATION_MODULE": module} if module else {}
+    return common.manage(DSN[vendor], *args, quiet=True, BENCH_LOG_LEVEL="WARNING", **extra)
 
 
 def recreate(vendor: str) -> None:
-    name = urlparse(DSN[vendor]).path.lstrip("/")
-    if vendor == "postgresql":
-        import psycopg
+    from django.db import connections
 
-        with psycopg.connect(DSN[vendor].rsplit("/", 1)[0] + "/postgres", autocommit=True) as conn:
-            conn.execute(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)')
-            conn.execute(f'CREATE DATABASE "{name}"')
-    else:
-        conn = raw(vendor)
-        conn.cursor().execute(f"DROP DATABASE IF EXISTS `{name}`")
-        conn.cursor().execute(f"CREATE DATABASE `{name}` CHARACTER SET utf8mb4 COLLATE utf8mb4_unicode_ci")
-        conn.close()
+    connections.close_all()
+    tables.ensure_database(DSN[vendor], fresh=True)
     manage(vendor, "migrate", "-v0", module=VARIANTS["online"])
     manage(vendor, "migrate", "django_outbox", BASE, "-v0", module=VARIANTS["online"])
-
-
-def execute(vendor: str, sql: str) -> None:
-    conn = raw(vendor)
-    try:
-        if vendor == "mysql":
-            conn.cursor().execute(f"USE `{urlparse(DSN[vendor]).path.lstrip('/')}`")
-        conn.cursor().execute(sql)
-    finally:
-        conn.close()
 
 
 def fill(vendor: str, n: int, *, status: str) -> None:
@@ -149,8 +89,8 @@ def fill(vendor: str, n: int, *, status: str) -> None:
     attempts = 0 if status == "pending" else 1
     for start in range(0, n, CHUNK):
         size = min(CHUNK, n - start)
-        execute(vendor, FILL[vendor].format(n=size, status=status, attempts=attempts, delivered=delivered))
-    execute(vendor, "ANALYZE TABLE django_outbox_message" if vendor == "mysql" else "ANALYZE django_outbox_message")
+        common.sql(FILL[vendor].format(n=size, status=status, attempts=attempts, delivered=delivered))
+    common.sql("ANALYZE TABLE django_outbox_message" if vendor == "mysql" else "ANALYZE django_outbox_message")
 
 
 class Producer(threading.Thread):
@@ -190,11 +130,12 @@ def run_variant(vendor: str, variant: str, pending: int) -> dict[str, Any]:
     if START_OF[variant] != BASE:
         manage(vendor, "migrate", "django_outbox", START_OF[variant], "-v0", module=VARIANTS[variant])
     fill(vendor, pending, status="pending")
-    worker_env = env_for(vendor, WORKER_MODULE.get(variant))
-    workers = [
-        procs.Proc([sys.executable, str(ROOT / "manage.py"), "outbox_worker", "--poll-interval", "0.2"], env=worker_env)
-        for _ in range(2)
-    ]
+    module = WORKER_MODULE.get(variant)
+    env = common.django_env(
+        DSN[vendor], BENCH_LOG_LEVEL="WARNING", **({"BENCH_MIGRATION_MODULE": module} if module else {})
+    )
+    command = [sys.executable, str(ROOT / "manage.py"), "outbox_worker", "--poll-interval", "0.2"]
+    workers = [procs.Proc(command, env=env) for _ in range(2)]
     producer = Producer()
     producer.start()
     steps: dict[str, Any] = {}
@@ -214,14 +155,10 @@ def run_variant(vendor: str, variant: str, pending: int) -> dict[str, Any]:
     finally:
         producer.stopping.set()
         producer.join(timeout=30)
-        for worker in workers:
-            worker.proc.terminate()
-        for worker in workers:
-            worker.proc.wait(timeout=60)
-            worker.join_output()
+        procs.stop_all(workers)
     errors = [line for w in workers for line in w.lines if "Traceback" in line or "ERROR" in line or "rror:" in line]
     manage(vendor, "migrate", "django_outbox", BASE, "-v0", module=VARIANTS[variant])
-    execute(vendor, "DELETE FROM django_outbox_message WHERE status <> 'delivered'")
+    common.sql("DELETE FROM django_outbox_message WHERE status <> 'delivered'")
     return {
         "steps": steps,
         "sends": len(producer.calls),
@@ -233,22 +170,20 @@ def run_variant(vendor: str, variant: str, pending: int) -> dict[str, Any]:
 
 
 def median_of(runs: list[dict[str, Any]], step: str, field: str) -> float:
-    return float(statistics.median(float(run["steps"][step][field]) for run in runs))
+    return median([float(run["steps"][step][field]) for run in runs])
 
 
 def report(vendor: str, rows: int, pending: int, runs: dict[str, list[dict[str, Any]]]) -> None:
-    reps = len(next(iter(runs.values())))
-    print(f"\n{vendor}, {rows:,} delivered + {pending:,} pending, medians of {reps}:")
-    print(f"{'change':<26} {'variant':<7} {'migrate':>9} {'longest send':>13} {'floor':>8} {'vs plain':>9}")
+    print(f"\n{vendor}, {rows:,} delivered + {pending:,} pending, medians of {len(next(iter(runs.values())))}:")
+    table = []
     for variant in runs:
         for step in STEPS_OF[variant]:
             plain = median_of(runs["plain"], step, "longest_send_s") if "plain" in runs and step in STEPS else 0.0
-            longest = median_of(runs[variant], step, "longest_send_s")
-            ratio = f"{longest / plain:>8.2f}x" if plain else f"{'':>9}"
-            print(
-                f"{step[5:]:<26} {variant:<7} {median_of(runs[variant], step, 'migrate_s'):>8.2f}s "
-                f"{longest * 1000:>10.0f} ms {median_of(runs[variant], step, 'floor_s') * 1000:>5.0f} ms {ratio}"
-            )
+            longest, floor = median_of(runs[variant], step, "longest_send_s"), median_of(runs[variant], step, "floor_s")
+            took = f"{median_of(runs[variant], step, 'migrate_s'):.2f} s"
+            ratio = f"{longest / plain:.2f}x" if plain else ""
+            table.append((step[5:], variant, took, f"{longest * 1000:.0f} ms", f"{floor * 1000:.0f} ms", ratio))
+    print(common.markdown(("change", "variant", "migrate", "longest send", "floor", "vs plain"), table))
     for variant in runs:
         failed = sum(run["failed_sends"] for run in runs[variant])
         errors = sum(run["worker_errors"] for run in runs[variant])
@@ -256,9 +191,7 @@ def report(vendor: str, rows: int, pending: int, runs: dict[str, list[dict[str, 
 
 
 def measure(vendor: str, sizes: list[int], pending: int, reps: int, variants: list[str]) -> dict[str, Any]:
-    import django
-
-    django.setup()
+    common.setup_django()
     results: dict[str, Any] = {}
     for rows in sizes:
         recreate(vendor)
@@ -266,8 +199,8 @@ def measure(vendor: str, sizes: list[int], pending: int, reps: int, variants: li
         fill(vendor, rows, status="delivered")
         print(f"{vendor}: {rows:,} delivered messages in {time.monotonic() - filled:.0f} s", flush=True)
         runs: dict[str, list[dict[str, Any]]] = {variant: [] for variant in variants}
-        for rep in range(reps):
-            for variant in variants if rep % 2 == 0 else list(reversed(variants)):
+        for rep, first in enumerate(common.interleaved(reps)):
+            for variant in variants if first else variants[::-1]:
                 run = run_variant(vendor, variant, pending)
                 runs[variant].append(run)
                 print(
@@ -281,7 +214,7 @@ def measure(vendor: str, sizes: list[int], pending: int, reps: int, variants: li
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser = common.parser(__doc__)
     parser.add_argument("--databases", default="postgresql,mysql")
     parser.add_argument("--rows", default="1000000,10000000")
     parser.add_argument("--pending", type=int, default=100_000)
@@ -291,25 +224,14 @@ def main() -> None:
     args = parser.parse_args()
     vendors = args.databases.split(",")
     if len(vendors) > 1:  # one process per database: Django reads its settings once per process
-        combined: dict[str, Any] = {}
-        for vendor in vendors:
-            command = [sys.executable, __file__, f"--databases={vendor}", f"--rows={args.rows}"]
-            command += [f"--pending={args.pending}", f"--reps={args.reps}", f"--variants={args.variants}"]
-            part = args.json.with_suffix(f".{vendor}.json") if args.json else None
-            if part:
-                command.append(f"--json={part}")
-            subprocess.run(command, check=True)
-            if part:
-                combined.update(json.loads(part.read_text()))
-                part.unlink()
-        if args.json:
-            args.json.write_text(json.dumps(combined, indent=2))
+        common.each_database(args, vendors)
         return
-    os.environ.update(env_for(vendors[0]))
+    os.environ["DATABASE_URL"] = DSN[vendors[0]]
+    os.environ["BENCH_LOG_LEVEL"] = "WARNING"
     variants = args.variants.split(",")
     results = measure(vendors[0], [int(r) for r in args.rows.split(",")], args.pending, args.reps, variants)
     if args.json:
-        args.json.write_text(json.dumps({vendors[0]: results}, indent=2))
+        common.write_json(args.json, {vendors[0]: results})
 
 
 if __name__ == "__main__":

@@ -4,12 +4,15 @@ from __future__ import annotations
 
 import os
 import signal
+import socket
 import subprocess
 import sys
 import threading
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
+from contextlib import contextmanager
 from pathlib import Path
+from typing import Any
 
 ROOT = Path(__file__).resolve().parent.parent
 
@@ -93,9 +96,63 @@ def outbox_worker(dsn: str, *extra: str, env: dict[str, str] | None = None) -> P
     )
 
 
-def baseline_relay(dsn: str) -> Proc:
-    return Proc([sys.executable, str(ROOT / "bench" / "baseline_relay.py"), dsn])
+def last_line(args: Sequence[str], env: dict[str, str] | None = None, timeout: float = 900) -> str:
+    """Run ``args`` to the end; its last line of output (it failing raises)."""
+    p = Proc(args, env=env)
+    code = p.proc.wait(timeout=timeout)
+    p.join_output()
+    if code != 0:
+        raise RuntimeError(f"{p.args[:4]}: exit {code}:\n" + "\n".join(p.lines[-30:]))
+    return p.lines[-1] if p.lines else ""
 
 
-def minimal_relay(dsn: str) -> Proc:
-    return Proc([sys.executable, str(ROOT / "bench" / "minimal_relay.py"), dsn])
+def script(name: str, *args: str, env: dict[str, str] | None = None) -> Proc:
+    """``bench/<name>`` run by this interpreter."""
+    return Proc([sys.executable, str(ROOT / "bench" / name), *args], env=env)
+
+
+def wait_drained(done: Callable[[], bool], workers: Sequence[Proc], what: str, timeout: float) -> float:
+    """Poll ``done`` every 10 ms until it holds, then the time; a worker that dies or a timeout (a stuck
+    worker must not hang the run) raises."""
+    deadline = time.monotonic() + timeout
+    while not done():
+        for p in workers:
+            if not p.alive():
+                raise RuntimeError(f"{what}: a worker died:\n" + "\n".join(p.lines[-30:]))
+        if time.monotonic() >= deadline:
+            raise RuntimeError(f"{what}: not drained in {timeout:.0f}s:\n" + "\n".join(workers[0].lines[-30:]))
+        time.sleep(0.01)
+    return time.time()
+
+
+@contextmanager
+def udp_receiver() -> Iterator[tuple[int, dict[str, float]]]:
+    """A loopback UDP port and the times ``"<id> <time>"`` datagrams reported there (bench/noop), by id."""
+    sock = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
+    sock.bind(("127.0.0.1", 0))
+    sock.settimeout(0.2)
+    arrived: dict[str, float] = {}
+    done = threading.Event()
+
+    def receive() -> None:
+        while not done.is_set():
+            try:
+                message_id, at = sock.recv(100).decode().split()
+            except TimeoutError:
+                continue
+            arrived[message_id] = float(at)
+
+    thread = threading.Thread(target=receive, daemon=True)
+    thread.start()
+    try:
+        yield sock.getsockname()[1], arrived
+    finally:
+        done.set()
+        thread.join()
+        sock.close()
+
+
+def wait_for_all(arrived: dict[str, float], sent: dict[str, Any], timeout: float) -> None:
+    deadline = time.monotonic() + timeout
+    while len(arrived) < len(sent) and time.monotonic() < deadline:
+        time.sleep(0.02)

@@ -1,13 +1,11 @@
-"""One producer process for the enqueue-concurrency figure: rounds of one-row business transactions.
+"""One producer process of the enqueue figures: rounds of one-row business transactions.
 
     python bench/producer.py GO_DIR TRANSACTIONS MODE [MODE ...]
 
-Round ``i`` starts when the file ``GO_DIR/go-<i>`` appears (the harness creates it once every producer
-is ready, so start-up is never timed) and runs TRANSACTIONS transactions of MODE, each creating one
-``shop.Order`` and then: ``send`` (``outbox.send()``, NOTIFY on), ``send_quiet`` (the same with
-``OUTBOX["NOTIFY"] = False``), ``floor`` (one hand-written INSERT into the minimal table) or
-``floor_notify`` (the same plus ``pg_notify``); ``key_one`` (``send()`` with NOTIFY off, every producer on
-one key: they queue for its lock) or ``key_many`` (the same, each transaction on a key of its own). Prints
+Round ``i`` starts when ``GO_DIR/go-<i>`` appears (once every producer is ready: start-up is not timed)
+and runs TRANSACTIONS of MODE, each an order plus: ``send`` (``outbox.send()``), ``send_quiet`` (NOTIFY
+off), ``floor`` (one hand-written INSERT into the minimal table), ``floor_notify`` (and ``pg_notify``),
+``key_one`` (NOTIFY off, every producer on one key) or ``key_many`` (a key per transaction). Prints
 ``ready``, then ``done <i> <seconds>`` per round.
 """
 
@@ -17,7 +15,9 @@ import json
 import os
 import sys
 import time
+from functools import partial
 from pathlib import Path
+from typing import Any
 
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
@@ -28,50 +28,38 @@ def main() -> None:
     import django
 
     django.setup()
-    from django.conf import settings
-    from django.db import connection, transaction
-    from django.test import override_settings
-
+    from bench.common import business_transaction, execute, order_payload
+    from bench.figures import outbox_settings
     from bench.minimal_relay import INSERT_ONE
     from django_outbox import outbox
-    from testproject.shop.models import Order
 
     go_dir, transactions, modes = Path(sys.argv[1]), int(sys.argv[2]), sys.argv[3:]
-    quiet = override_settings(OUTBOX={**settings.OUTBOX, "NOTIFY": False})
 
-    def one(mode: str, i: int) -> None:
-        with transaction.atomic():
-            order = Order.objects.create(customer_email="buyer@example.com", item="book", quantity=1 + i % 3)
-            payload = {"order_id": order.pk, "item": order.item, "quantity": order.quantity}
-            if mode in ("send", "send_quiet"):
-                outbox.send("bench.noop", payload)
-            elif mode == "key_one":
-                outbox.send("bench.noop", payload, key="one")
-            elif mode == "key_many":
-                outbox.send("bench.noop", payload, key=f"{os.getpid()}-{i}")
-            else:
-                with connection.cursor() as cursor:
-                    cursor.execute(INSERT_ONE, [json.dumps(payload)])
-                    if mode == "floor_notify":
-                        cursor.execute("SELECT pg_notify('django_outbox', '')")
+    def write(mode: str, i: int, order: Any) -> None:
+        payload = order_payload(order)
+        if mode in ("send", "send_quiet"):
+            outbox.send("bench.noop", payload)
+        elif mode == "key_one":
+            outbox.send("bench.noop", payload, key="one")
+        elif mode == "key_many":
+            outbox.send("bench.noop", payload, key=f"{os.getpid()}-{i}")
+        else:
+            execute(INSERT_ONE, [json.dumps(payload)])
+            if mode == "floor_notify":
+                execute("SELECT pg_notify('django_outbox', '')")
 
     for i in range(3):  # warm-up: connection, caches, plans
-        one("send", i)
-        one("floor", i)
+        business_transaction(i, partial(write, "send", i))
+        business_transaction(i, partial(write, "floor", i))
     print("ready", flush=True)
-    for round_number, mode in enumerate(modes):
-        go = go_dir / f"go-{round_number}"
-        while not go.exists():
+    for number, mode in enumerate(modes):
+        while not (go_dir / f"go-{number}").exists():
             time.sleep(0.001)
         started = time.perf_counter()
-        if mode in ("send_quiet", "key_one", "key_many"):
-            with quiet:
-                for i in range(transactions):
-                    one(mode, i)
-        else:
+        with outbox_settings(NOTIFY=mode not in ("send_quiet", "key_one", "key_many")):
             for i in range(transactions):
-                one(mode, i)
-        print(f"done {round_number} {time.perf_counter() - started!r}", flush=True)
+                business_transaction(i, partial(write, mode, i))
+        print(f"done {number} {time.perf_counter() - started!r}", flush=True)
 
 
 if __name__ == "__main__":

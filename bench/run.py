@@ -4,43 +4,25 @@
         [--only SECTION,...] [--compare-python PATH] [--output FILE]
         [--history-rows N] [--memory-messages N] [--plot PNG]
 
-The sections, in the order they run (docs/performance.md says what each figure is):
-
-- measured in this process: send, drain, latency, enqueue, keyed, scale (the claim's cost against the
-  table's history), opentx (a long transaction elsewhere), memory, compare (the other Python libraries),
-  mariadb;
-- measured by a script of their own (``SCRIPTS``), each in a process of its own, its JSON kept under the
-  section's name: send_many, keyed_drain, brokers, topology, stop, migrations, autovacuum, admin, tasks,
-  observability, chaos. A script that fails is recorded as ``{"failed": status}`` and the run goes on.
-
-It creates the database named in DATABASE_URL (and ``<name>_compare`` for the other libraries) if
-needed, migrates it and empties the outbox tables as it goes: point it at a database of its own. It
-prints a table and writes ``bench/results/<timestamp>.json``. ``--quick`` finishes in a few minutes,
-``--smoke`` in seconds (for CI: it checks that the harness still works, its figures mean nothing).
-Every drain figure is reported against two references run in the same rounds: the minimal relay on a
-minimal twin table (``bench/minimal_relay.py``) and the hand-written relay on the project's own table
-(``bench/baseline_relay.py``). Unless ``--smoke``, the drain figures are also drawn into ``--plot``
-(default ``docs/img/drain-vs-processes.png``) by ``bench/plot.py``.
-
-The ``mariadb`` section measures the drain and ``send()`` on MariaDB, each against its hand-written floor
-in the same run (``bench/mariadb.py``), in the database ``MARIADB_URL`` names (default
-``mysql://root@127.0.0.1:3306/bench_outbox_mariadb``: a database of its own, created and emptied). When
-no section is named and no MariaDB answers there, it is skipped with a note, except under ``CI=true``.
-
-``--history-rows 10000000`` runs the claim-cost figure on 10,000,000 rows of history (the default is
-1,000,000; 200,000 with ``--quick``): the fill alone takes many minutes on a loaded 2-core machine.
-``--memory-messages 1000000`` relays 1,000,000 messages for the RSS figure (default 200,000).
-See docs/performance.md for what each figure is and the results.
+Sections measured in this process (bench/figures.py, bench/mariadb.py): send, drain, latency, enqueue,
+keyed, scale, opentx, memory, compare, mariadb; then those measured by a script of their own in a process
+of its own (``SCRIPTS``), its JSON kept under the section (``{"failed": status}`` if it fails; the run goes
+on). docs/performance.md says what each figure is. It creates, migrates and empties the database of
+DATABASE_URL (and ``<name>_<section>`` beside it): point it at one of its own. ``--smoke`` runs in seconds
+(CI: the harness still works; its figures mean nothing). The ``mariadb`` section runs in ``MARIADB_URL``
+(default ``bench.mariadb.DEFAULT_URL``); with no MariaDB there it is skipped, unless named or ``CI=true``.
+Unless ``--smoke``, the drain figures are drawn into ``--plot`` by bench/plot.py.
 """
 
 from __future__ import annotations
 
-import argparse
 import dataclasses
 import datetime as dt
 import json
 import os
+import subprocess
 import sys
+import tempfile
 import time
 from pathlib import Path
 from typing import Any
@@ -50,97 +32,82 @@ sys.path.insert(0, str(ROOT))
 os.environ.setdefault("DATABASE_URL", "postgres://postgres@127.0.0.1:5432/bench_outbox")
 os.environ["DJANGO_SETTINGS_MODULE"] = "bench.settings"
 
+from bench.common import markdown, parser, write_json  # noqa: E402
+
 DEFAULT_COMPARE_PYTHON = ROOT / "bench" / ".venv-compare" / "bin" / "python"
 DJANGO6_PYTHON = ROOT / ".venv-django6" / "bin" / "python"
 
 
-@dataclasses.dataclass(frozen=True, kw_only=True)
+@dataclasses.dataclass(frozen=True)
 class Script:
-    """A section measured by a script of its own, in a process of its own.
-
-    Each of these makes what one harness process cannot share: its own Django settings (read once per
-    process), private servers (chaos, autovacuum), brokers, another interpreter (tasks: Django 6). The
-    harness runs it with the arguments of the run's size and keeps the JSON it writes under its section.
-    """
+    """A section that needs a process of its own: its own Django settings (read once per process), private
+    servers (chaos, autovacuum), brokers or another interpreter (tasks: Django 6)."""
 
     script: str  # from the repository's root
     output: str  # the script's flag for its JSON file
-    full: tuple[str, ...] = ()
-    quick: tuple[str, ...] = ()
-    smoke: tuple[str, ...] = ()
+    full: str = ""  # the arguments of each size
+    quick: str = ""
+    smoke: str = ""
     database: bool = False  # gets DATABASE_URL: a PostgreSQL database of its own, beside the harness's
     mariadb: bool = False  # takes --databases: postgresql, and mysql when a MariaDB answers
     python: Path | None = None  # the interpreter it needs, when not this one
 
 
-#: The sections run by their own script, in this order after the harness's own (``STEPS`` in ``main``).
+#: The sections run by their own script, in this order after the harness's own.
 SCRIPTS: dict[str, Script] = {
     "send_many": Script(
-        script="bench/send_many_scale.py",
-        output="--output",
+        "bench/send_many_scale.py",
+        "--output",
         database=True,
-        quick=("--items", "5000", "--keyed-items", "20000", "--reps", "3"),
-        smoke=("--items", "200", "--keyed-items", "500", "--reps", "1"),
+        quick="--items 5000 --keyed-items 20000 --reps 3",
+        smoke="--items 200 --keyed-items 500 --reps 1",
     ),
     "keyed_drain": Script(
-        script="bench/keyed_drain.py",
-        output="--json",
+        "bench/keyed_drain.py",
+        "--json",
         mariadb=True,
-        quick=("--messages", "6000", "--backlogs", "1000,10000", "--cut", "60"),
-        smoke=("--messages", "300", "--keys", "0,5,1", "--reps", "1", "--backlogs", "1000", "--cut", "30"),
+        quick="--messages 6000 --backlogs 1000,10000 --cut 60",
+        smoke="--messages 300 --keys 0,5,1 --reps 1 --backlogs 1000 --cut 30",
     ),
     "brokers": Script(
-        script="bench/brokers.py",
-        output="--json",
+        "bench/brokers.py",
+        "--json",
         database=True,
-        quick=("--messages", "5000", "--rounds", "3"),
-        smoke=("--messages", "200", "--rounds", "1"),
+        quick="--messages 5000 --rounds 3",
+        smoke="--messages 200 --rounds 1",
     ),
-    "topology": Script(
-        script="bench/topology.py", output="--output", database=True, quick=("--quick",), smoke=("--smoke",)
-    ),
-    "stop": Script(
-        script="bench/stop.py",
-        output="--output",
-        database=True,
-        quick=("--runs", "3"),
-        smoke=("--runs", "3", "--idle", "0.5"),
-    ),
+    "topology": Script("bench/topology.py", "--output", database=True, quick="--quick", smoke="--smoke"),
+    "stop": Script("bench/stop.py", "--output", database=True, quick="--runs 3", smoke="--runs 3 --idle 0.5"),
     "migrations": Script(
-        script="bench/online_migrations.py",
-        output="--json",
+        "bench/online_migrations.py",
+        "--json",
         mariadb=True,
-        quick=("--rows", "1000000", "--reps", "3"),
-        smoke=("--rows", "20000", "--pending", "1000", "--reps", "1"),
+        quick="--rows 1000000 --reps 3",
+        smoke="--rows 20000 --pending 1000 --reps 1",
     ),
     "autovacuum": Script(
-        script="bench/autovacuum.py",
-        output="--json",
-        quick=("--history", "200000", "--seconds", "60", "--reps", "1"),
-        smoke=("--history", "20000", "--rate", "100", "--seconds", "10", "--reps", "1"),
+        "bench/autovacuum.py",
+        "--json",
+        quick="--history 200000 --seconds 60 --reps 1",
+        smoke="--history 20000 --rate 100 --seconds 10 --reps 1",
     ),
     "admin": Script(
-        script="bench/admin_scale.py",
-        output="--json",
+        "bench/admin_scale.py",
+        "--json",
         database=True,
-        quick=("--rows", "200000", "--repeat", "3", "--held-behind-one-key", "50000"),
-        smoke=("--rows", "20000", "--repeat", "1", "--held-behind-one-key", "1000"),
+        quick="--rows 200000 --repeat 3 --held-behind-one-key 50000",
+        smoke="--rows 20000 --repeat 1 --held-behind-one-key 1000",
     ),
     "tasks": Script(
-        script="bench/tasks.py",
-        output="--output",
+        "bench/tasks.py",
+        "--output",
         database=True,
         python=DJANGO6_PYTHON,
-        quick=("--messages", "1000", "--peer-messages", "300"),
-        smoke=("--messages", "50", "--peer-messages", "50", "--reps", "1", "--processes", "1"),
+        quick="--messages 1000 --peer-messages 300",
+        smoke="--messages 50 --peer-messages 50 --reps 1 --processes 1",
     ),
-    "observability": Script(
-        script="bench/observability.py",
-        output="--json",
-        quick=("--rounds", "3"),
-        smoke=("--sends", "200", "--rounds", "1"),
-    ),
-    "chaos": Script(script="tests/chaos/run.py", output="--json", full=(), quick=("--quick",), smoke=("--quick",)),
+    "observability": Script("bench/observability.py", "--json", quick="--rounds 3", smoke="--sends 200 --rounds 1"),
+    "chaos": Script("tests/chaos/run.py", "--json", quick="--quick", smoke="--quick"),
 }
 SECTIONS = (
     *("send", "drain", "latency", "enqueue", "keyed", "scale", "opentx", "memory", "compare", "mariadb"),
@@ -149,47 +116,37 @@ SECTIONS = (
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    mode = parser.add_mutually_exclusive_group()
+    args_parser = parser(__doc__)
+    mode = args_parser.add_mutually_exclusive_group()
     mode.add_argument("--quick", action="store_true", help="smaller sizes: a few minutes")
     mode.add_argument("--smoke", action="store_true", help="tiny sizes, one repetition: seconds (CI)")
-    parser.add_argument("--only", help=f"comma-separated sections among {','.join(SECTIONS)}")
-    parser.add_argument(
+    args_parser.add_argument("--only", help=f"comma-separated sections among {','.join(SECTIONS)}")
+    args_parser.add_argument(
         "--compare-python",
-        help="interpreter of the environment holding procrastinate and django-tasks-db "
+        help="interpreter of the environment holding the other libraries "
         f"(default {DEFAULT_COMPARE_PYTHON.relative_to(ROOT)} if it exists; see bench/compare_setup.sh)",
     )
-    parser.add_argument("--output", type=Path, help="JSON file to write (default bench/results/<timestamp>.json)")
-    parser.add_argument("--history-rows", type=int, help="rows of history for the large claim-cost size")
-    parser.add_argument("--memory-messages", type=int, help="messages the memory figure relays")
-    parser.add_argument("--plot", type=Path, default=ROOT / "docs" / "img" / "drain-vs-processes.png")
-    args = parser.parse_args(argv)
+    args_parser.add_argument("--output", type=Path, help="JSON file (default bench/results/<timestamp>.json)")
+    args_parser.add_argument("--history-rows", type=int, help="rows of history for the large claim-cost size")
+    args_parser.add_argument("--memory-messages", type=int, help="messages the memory figure relays")
+    args_parser.add_argument("--plot", type=Path, default=ROOT / "docs" / "img" / "drain-vs-processes.png")
+    args = args_parser.parse_args(argv)
     only = set(args.only.split(",")) if args.only else set(SECTIONS)
-    unknown = only - set(SECTIONS)
-    if unknown:
-        parser.error(f"unknown sections {sorted(unknown)}; choose among {', '.join(SECTIONS)}")
+    if only - set(SECTIONS):
+        args_parser.error(f"unknown sections {sorted(only - set(SECTIONS))}; choose among {', '.join(SECTIONS)}")
 
-    from bench import figures, mariadb, tables
+    from bench import common, figures, mariadb
 
     with_mariadb = mariadb.reachable(mariadb.url())
     if "mariadb" in only and not with_mariadb:
         if args.only or os.environ.get("CI") == "true":
-            parser.error(f"no MariaDB answers at MARIADB_URL={mariadb.url()}")
+            args_parser.error(f"no MariaDB answers at MARIADB_URL={mariadb.url()}")
         only.discard("mariadb")
         print(f"! no MariaDB at {mariadb.url()}: the mariadb section is skipped", flush=True)
-
     dsn = os.environ["DATABASE_URL"]
     if not dsn.startswith("postgres"):
-        parser.error("DATABASE_URL must name a PostgreSQL database of the benchmark's own")
-    tables.ensure_database(dsn)
-
-    import django
-
-    django.setup()
-    from django.core.management import call_command
-
-    call_command("migrate", database="default", verbosity=0)
-    call_command("migrate", database="sqlite", verbosity=0)
+        args_parser.error("DATABASE_URL must name a PostgreSQL database of the benchmark's own")
+    common.setup_django("default", "sqlite")
 
     compare_python = args.compare_python
     if compare_python is None and DEFAULT_COMPARE_PYTHON.exists():
@@ -203,20 +160,26 @@ def main(argv: list[str] | None = None) -> int:
     ctx = figures.Context(dsn=dsn, sizes=sizes, compare_python=compare_python, log=lambda s: print(s, flush=True))
     results: dict[str, Any] = {"mode": size_name, "environment": figures.environment(dsn), "figures": {}}
     out = results["figures"]
-    started = time.monotonic()
-    steps: list[tuple[str, str, Any]] = [
-        ("send", "a. send() overhead", lambda: figures.send_overhead(ctx)),
-        ("send", "a. 100 messages in one transaction", lambda: figures.send_batch(ctx)),
-        ("drain", "b. drain throughput", lambda: figures.drain(ctx)),
-        ("latency", "c. latency (PostgreSQL, busy neighbour)", lambda: figures.latency_neighbour(ctx)),
-        ("latency", "c. latency (SQLite)", lambda: figures.latency(ctx, database="sqlite")),
-        ("enqueue", "c. enqueue concurrency", lambda: figures.enqueue(ctx)),
-        ("keyed", "c. keyed producers", lambda: figures.keyed_producers(ctx)),
-        ("scale", "d. claim cost vs history", lambda: figures.claim_cost(ctx)),
-        ("opentx", "d. open transaction", lambda: figures.open_transaction(ctx, expected_rate=_rate(out))),
-        ("memory", "e. memory", lambda: figures.memory(ctx)),
-        ("compare", "comparisons", lambda: figures.compare(ctx, out.get("drain", {}))),
+    # (section, JSON key, title, measure)
+    steps: list[tuple[str, str, str, Any]] = [
+        ("send", "send", "a. send() overhead", lambda: figures.send_overhead(ctx)),
+        ("send", "send_batch", "a. 100 messages in one transaction", lambda: figures.send_batch(ctx)),
+        ("drain", "drain", "b. drain throughput", lambda: figures.drain(ctx)),
+        ("latency", "latency_neighbour", "c. latency (busy neighbour)", lambda: figures.latency_neighbour(ctx)),
+        ("latency", "latency_sqlite", "c. latency (SQLite)", lambda: figures.latency(ctx, database="sqlite")),
+        ("enqueue", "enqueue", "c. enqueue concurrency", lambda: figures.enqueue(ctx)),
+        ("keyed", "keyed", "c. keyed producers", lambda: figures.keyed_producers(ctx)),
+        ("scale", "claim_cost", "d. claim cost vs history", lambda: figures.claim_cost(ctx)),
         (
+            "opentx",
+            "open_transaction",
+            "d. open transaction",
+            lambda: figures.open_transaction(ctx, expected_rate=_rate(out)),
+        ),
+        ("memory", "memory", "e. memory", lambda: figures.memory(ctx)),
+        ("compare", "compare", "comparisons", lambda: figures.compare(ctx, out.get("drain", {}))),
+        (
+            "mariadb",
             "mariadb",
             "f. MariaDB: drain and send()",
             lambda: mariadb.measure(
@@ -229,45 +192,31 @@ def main(argv: list[str] | None = None) -> int:
             ),
         ),
     ]
-    keys = {
-        "a. send() overhead": "send",
-        "a. 100 messages in one transaction": "send_batch",
-        "b. drain throughput": "drain",
-        "c. latency (PostgreSQL, busy neighbour)": "latency_neighbour",
-        "c. latency (SQLite)": "latency_sqlite",
-        "c. enqueue concurrency": "enqueue",
-        "c. keyed producers": "keyed",
-        "d. claim cost vs history": "claim_cost",
-        "d. open transaction": "open_transaction",
-        "e. memory": "memory",
-        "comparisons": "compare",
-        "f. MariaDB: drain and send()": "mariadb",
-    }
+    steps += [
+        (
+            section,
+            section,
+            f"{section} ({script.script})",
+            lambda section=section, script=script: run_script(
+                script, section, size_name, dsn=dsn, with_mariadb=with_mariadb
+            ),
+        )
+        for section, script in SCRIPTS.items()
+    ]
     output = args.output or ROOT / "bench" / "results" / f"{dt.datetime.now():%Y%m%d-%H%M%S}-{size_name}.json"
-    output.parent.mkdir(parents=True, exist_ok=True)
-    for section, title, measure in steps:
+    started = time.monotonic()
+    for section, key, title, measure in steps:
         if section not in only:
             continue
         print(f"{title} ...", flush=True)
         t = time.monotonic()
-        out[keys[title]] = measure()
+        out[key] = measure()
         print(f"  ({time.monotonic() - t:.0f}s)", flush=True)
         # after every section, so that a long run stopped part-way keeps what it measured
-        results["seconds"] = time.monotonic() - started
-        results["notes"] = ctx.notes
-        output.write_text(json.dumps(results, indent=2, default=str))
-    for section, script in SCRIPTS.items():
-        if section not in only:
-            continue
-        print(f"{section} ({script.script}) ...", flush=True)
-        t = time.monotonic()
-        out[section] = run_script(script, section, size_name, dsn=dsn, with_mariadb=with_mariadb)
-        print(f"  ({time.monotonic() - t:.0f}s)", flush=True)
-        results["seconds"] = time.monotonic() - started
-        output.write_text(json.dumps(results, indent=2, default=str))
-    results["seconds"] = time.monotonic() - started
-    results["notes"] = ctx.notes
-    output.write_text(json.dumps(results, indent=2, default=str))
+        results["seconds"], results["notes"] = time.monotonic() - started, ctx.notes
+        write_json(output, results)
+    results["seconds"], results["notes"] = time.monotonic() - started, ctx.notes
+    write_json(output, results)
     print()
     print(render(results))
     print(f"\nwrote {output}")
@@ -281,25 +230,20 @@ def main(argv: list[str] | None = None) -> int:
 
 def run_script(script: Script, section: str, size_name: str, *, dsn: str, with_mariadb: bool) -> Any:
     """Run one script section; its JSON, or ``{"failed": exit status}`` (the run goes on with the rest)."""
-    import subprocess
-    import tempfile
-
-    args = list(getattr(script, size_name))
+    args = getattr(script, size_name).split()
     env = {**os.environ}
     env.pop("DJANGO_SETTINGS_MODULE", None)  # each script names its own
+    env.pop("DATABASE_URL", None)
     if script.database:
         env["DATABASE_URL"] = f"{dsn}_{section}"
-    else:
-        env.pop("DATABASE_URL", None)
     if script.mariadb:
         args += ["--databases", "postgresql,mysql" if with_mariadb else "postgresql"]
-    python = str(script.python) if script.python else sys.executable
     if script.python and not script.python.exists():
         print(f"! {section}: {script.python.relative_to(ROOT)} is missing (python3 dev.py makes it)", flush=True)
         return {"failed": "no interpreter"}
     with tempfile.TemporaryDirectory() as tmp:
         output = Path(tmp) / f"{section}.json"
-        command = [python, str(ROOT / script.script), *args, script.output, str(output)]
+        command = [str(script.python or sys.executable), str(ROOT / script.script), *args, script.output, str(output)]
         status = subprocess.run(command, cwd=ROOT, env=env).returncode
         figures = json.loads(output.read_text()) if output.exists() else {}
     if status:
@@ -313,293 +257,169 @@ def _rate(out: dict[str, Any]) -> float:
     return float(one["outbox_per_s"]) if one else 5000.0
 
 
+#: Table rows by figure: cells split at " | ", filled from the figure (``met``: whether its target is met).
+ROWS = {
+    "send": (
+        "a. send() in a one-row business transaction | {send_us_per_tx:.0f} µs/tx"
+        " | {minimal_us_per_tx:.0f} µs/tx (+1 INSERT, minimal table)"
+        " | {hand_written_us_per_tx:.0f} µs/tx (+INSERT+NOTIFY, own table) | {ratio_to_floor:.2f}x of the floor"
+        " | <= 1.1x, aim 1.05x {met}",
+        "a. same, OUTBOX NOTIFY off | {send_no_notify_us_per_tx:.0f} µs/tx | | "
+        " | {ratio_to_floor_no_notify:.2f}x of the floor | ",
+        "a. vs the transaction without a message | {ratio:.2f}x | {ratio_minimal:.2f}x | {ratio_hand_written:.2f}x"
+        " | added cost {added_cost_vs_minimal:.2f}x the minimal INSERT's | ",
+    ),
+    "send_batch": (
+        "a. 100 messages in one transaction vs 1 ({api}) | {send_100_us:.0f} vs {send_1_us:.0f} µs/tx"
+        " | {floor_100_us:.0f} vs {floor_1_us:.0f} µs/tx (one INSERT of 100) | "
+        " | {ratio:.2f}x (floor {floor_ratio:.2f}x) | <= 2x {met}",
+    ),
+    "drain": (
+        "b. drain, {processes} process(es), N={messages:,} | {outbox_per_s:,.0f} msg/s | {minimal_per_s:,.0f} msg/s"
+        " | {baseline_per_s:,.0f} msg/s ({same_table_to_minimal:.2f}x minimal)"
+        " | **{ratio:.2f}x** minimal, {ratio_same_table:.2f}x same-table | >= 0.5x, aim 0.8x {met}",
+    ),
+    "drain_one_thread": (
+        "b. same, {processes} process, --concurrency 1 | {one_thread_per_s:,.0f} msg/s | | "
+        " | {ratio_one_thread:.2f}x minimal | ",
+    ),
+    "latency": (
+        "c. commit to handler, unkeyed, {label} | p50 {u[p50_ms]:.1f} / p99 {u[p99_ms]:.1f} / max {u[max_ms]:.0f} ms"
+        " | p50 {m[p50_ms]:.1f} / p99 {m[p99_ms]:.1f} ms (LISTEN) | | p50 {unkeyed_p50_to_minimal:.1f}x minimal"
+        " | {target_unkeyed}",
+        "c. split, unkeyed, {label}: COMMIT itself / COMMIT's return to handler"
+        " | p50 {u[commit_p50_ms]:.1f} / {u[after_commit_p50_ms]:.1f} ms"
+        " (p99 {u[commit_p99_ms]:.1f} / {u[after_commit_p99_ms]:.1f})"
+        " | p50 {m[commit_p50_ms]:.1f} / {m[after_commit_p50_ms]:.1f} ms"
+        " (p99 {m[commit_p99_ms]:.1f} / {m[after_commit_p99_ms]:.1f}) | | | ",
+        "c. commit to handler, keyed, {label} | p50 {k[p50_ms]:.1f} / p99 {k[p99_ms]:.1f} / max {k[max_ms]:.0f} ms"
+        " | | | keyed/unkeyed p50 {keyed_p50_ratio:.1f}x, p99 {keyed_p99_ratio:.1f}x | {target_keyed}",
+    ),
+    "latency_sqlite": (
+        "c. commit to handler, SQLite, polling (poll {poll_interval_s:.1f}s) | p50 {p50_ms:.1f} / p99 {p99_ms:.1f} ms"
+        " | | | | ",
+    ),
+    "enqueue": (
+        "c. enqueue, {producers} producer process(es), NOTIFY on | {send_per_s:,.0f} tx/s"
+        " | {floor_notify_per_s:,.0f} tx/s (+INSERT+pg_notify) | | {ratio_notify:.2f}x | >= 0.9x {met_notify}",
+        "c. enqueue, {producers} producer process(es), NOTIFY off | {send_quiet_per_s:,.0f} tx/s"
+        " | {floor_per_s:,.0f} tx/s (+INSERT) | | {ratio_quiet:.2f}x (floor with pg_notify: {notify_cost:.2f}x"
+        " this floor) | >= 0.9x {met_quiet}",
+    ),
+    "claim_cost": (
+        "d. claim 100, {small[history_rows]:,} -> {large[history_rows]:,} rows of history"
+        " | {small[claim_ms]:.2f} -> {large[claim_ms]:.2f} ms | | | {ratio:.2f}x in units of the reference"
+        " | <= 1.10x {met}",
+        "d. reference: 100 rows by primary key, same table | {small[reference_ms]:.2f} -> {large[reference_ms]:.2f} ms"
+        " | | | claim = {small[claim_over_reference]:.1f} -> {large[claim_over_reference]:.1f} references | ",
+        "d. record 100 outcomes, same | {small[record_ms]:.2f} -> {large[record_ms]:.2f} ms | | "
+        " | {record_ratio:.2f}x (raw) | ",
+    ),
+    "open_transaction": (
+        "d. drain with a {window_s:.0f}s open transaction | {held_per_s:,.0f} msg/s | "
+        " | {free_per_s:,.0f} msg/s without | {ratio:.2f}x | drop {drop_percent:.0f}%",
+    ),
+    "memory": (
+        "e. worker RSS, {messages:,} messages | {final:.1f} MiB at the end (max {max:.1f}) | "
+        " | {warm:.1f} MiB after warm-up | {growth_percent:+.1f}% | flat",
+    ),
+    "compare": ("peer: {name}, {processes} process(es) | {per_s:,.0f} jobs/s | | | {vs_minimal} | ",),
+    "mariadb_drain": (
+        "f. MariaDB drain, {processes} process(es), N={messages:,} (poll {poll_ms:.0f} ms) | {outbox_per_s:,.0f} msg/s"
+        " | {reference_per_s:,.0f} msg/s (two-statement relay, twin table)"
+        " | {same_table_per_s:,.0f} msg/s ({same_table_to_reference:.2f}x the twin's)"
+        " | **{ratio:.2f}x** reference, {ratio_same_table:.2f}x same-table | >= 0.5x, aim 0.8x {met}",
+    ),
+    "mariadb_one_thread": (
+        "f. same, {processes} process, --concurrency 1 | {one_thread_per_s:,.0f} msg/s | | "
+        " | {ratio_one_thread:.2f}x reference | ",
+    ),
+    "mariadb_send": (
+        "f. MariaDB send() in a one-row business transaction | {send_us_per_tx:.0f} µs/tx | "
+        " | {floor_us_per_tx:.0f} µs/tx (+1 hand-written INSERT, own table)"
+        " | {send_vs_floor:.2f}x of the floor (keyed {send_keyed_vs_floor_keyed:.2f}x) | <= 1.1x {met}",
+        "f. MariaDB, vs the transaction without a message | {send_vs_plain:.2f}x | | {floor_vs_plain:.2f}x | | ",
+    ),
+}
+LATENCY_PHASES = {
+    "idle": "no bench neighbour",
+    "busy": "busy neighbour database",
+    "idle_async": "no bench neighbour, sender's COMMIT not waiting for the disk",
+}
+
+
+def _met(ok: Any) -> str:
+    return "(met)" if ok else "(missed)"
+
+
 def render(results: dict[str, Any]) -> str:
     """The results as a Markdown table: figure, project, minimal reference, same-table reference, ratio, target."""
     f = results["figures"]
-    rows: list[tuple[str, ...]] = []
-    if "send" in f:
-        s = f["send"]
-        rows.append(
-            (
-                "a. send() in a one-row business transaction",
-                f"{s['send_us_per_tx']:.0f} µs/tx",
-                f"{s['minimal_us_per_tx']:.0f} µs/tx (+1 INSERT, minimal table)",
-                f"{s['hand_written_us_per_tx']:.0f} µs/tx (+INSERT+NOTIFY, own table)",
-                f"{s['ratio_to_floor']:.2f}x of the floor",
-                f"<= 1.1x, aim 1.05x {_ok(s)}",
-            )
-        )
-        rows.append(
-            (
-                "a. same, OUTBOX NOTIFY off",
-                f"{s['send_no_notify_us_per_tx']:.0f} µs/tx",
-                "",
-                "",
-                f"{s['ratio_to_floor_no_notify']:.2f}x of the floor",
-                "",
-            )
-        )
-        rows.append(
-            (
-                "a. vs the transaction without a message",
-                f"{s['ratio']:.2f}x",
-                f"{s['ratio_minimal']:.2f}x",
-                f"{s['ratio_hand_written']:.2f}x",
-                f"added cost {s['added_cost_vs_minimal']:.2f}x the minimal INSERT's",
-                "",
-            )
-        )
-    if "send_batch" in f:
-        b = f["send_batch"]
-        rows.append(
-            (
-                f"a. 100 messages in one transaction vs 1 ({b['api']})",
-                f"{b['send_100_us']:.0f} vs {b['send_1_us']:.0f} µs/tx",
-                f"{b['floor_100_us']:.0f} vs {b['floor_1_us']:.0f} µs/tx (one INSERT of 100)",
-                "",
-                f"{b['ratio']:.2f}x (floor {b['floor_ratio']:.2f}x)",
-                f"<= 2x {_ok(b)}",
-            )
-        )
-    if "drain" in f:
-        for processes, d in f["drain"]["by_processes"].items():
+    rows: list[list[str]] = []
+
+    def add(rows_of: str, figure: dict[str, Any], **extra: Any) -> None:
+        for template in ROWS[rows_of]:
             rows.append(
-                (
-                    f"b. drain, {processes} process(es), N={f['drain']['messages']:,}",
-                    f"{d['outbox_per_s']:,.0f} msg/s",
-                    f"{d['minimal_per_s']:,.0f} msg/s",
-                    f"{d['baseline_per_s']:,.0f} msg/s ({d['same_table_to_minimal']:.2f}x minimal)",
-                    f"**{d['ratio']:.2f}x** minimal, {d['ratio_same_table']:.2f}x same-table",
-                    f">= 0.5x, aim 0.8x {_ok(d)}",
-                )
+                [cell.strip() for cell in template.format(**figure, met=_met(figure.get("ok")), **extra).split("|")]
             )
-            if "ratio_one_thread" in d:
-                rows.append(
-                    (
-                        f"b. same, {processes} process, --concurrency 1",
-                        f"{d['one_thread_per_s']:,.0f} msg/s",
-                        "",
-                        "",
-                        f"{d['ratio_one_thread']:.2f}x minimal",
-                        "",
-                    )
-                )
+
+    for name in ("send", "send_batch"):
+        if name in f:
+            add(name, f[name])
+    for processes, d in f.get("drain", {}).get("by_processes", {}).items():
+        add("drain", d, processes=processes, messages=f["drain"]["messages"])
+        if "ratio_one_thread" in d:
+            add("drain_one_thread", d, processes=processes)
     if "latency_neighbour" in f:
         lat = f["latency_neighbour"]
-        phases = [("idle", "no bench neighbour"), ("busy", "busy neighbour database")]
-        if "idle_async" in lat:  # runs before the split lack it
-            phases.append(("idle_async", "no bench neighbour, sender's COMMIT not waiting for the disk"))
-        for phase, label in phases:
+        for phase, label in LATENCY_PHASES.items():
             p = lat[phase]
-            for kind in ("unkeyed", "keyed"):
-                k = p[kind]
-                ratio = (
-                    f"keyed/unkeyed p50 {p['keyed_p50_ratio']:.1f}x, p99 {p['keyed_p99_ratio']:.1f}x"
-                    if kind == "keyed"
-                    else f"p50 {p['unkeyed_p50_to_minimal']:.1f}x minimal"
-                    if "minimal" in p  # results of runs before the latency figure had its reference lack it
-                    else ""
-                )
-                reference = ""
-                if kind == "unkeyed" and "minimal" in p:
-                    m = p["minimal"]
-                    reference = f"p50 {m['p50_ms']:.1f} / p99 {m['p99_ms']:.1f} ms (LISTEN)"
-                target = ""
-                if phase == "idle" and kind == "unkeyed":
-                    target = f"p50 <= 2, p99 <= 5 {'(met)' if lat['ok_idle'] else '(missed)'}"
-                if phase == "busy" and kind == "keyed":
-                    target = f"<= 2x / 3x {'(met)' if lat['ok_keyed'] else '(missed)'}"
-                rows.append(
-                    (
-                        f"c. commit to handler, {kind}, {label}",
-                        f"p50 {k['p50_ms']:.1f} / p99 {k['p99_ms']:.1f} / max {k['max_ms']:.0f} ms",
-                        reference,
-                        "",
-                        ratio,
-                        target,
-                    )
-                )
-                if kind == "unkeyed" and "commit_p50_ms" in k and "minimal" in p:
-                    m = p["minimal"]
-                    rows.append(
-                        (
-                            f"c. split, unkeyed, {label}: COMMIT itself / COMMIT's return to handler",
-                            f"p50 {k['commit_p50_ms']:.1f} / {k['after_commit_p50_ms']:.1f} ms"
-                            f" (p99 {k['commit_p99_ms']:.1f} / {k['after_commit_p99_ms']:.1f})",
-                            f"p50 {m['commit_p50_ms']:.1f} / {m['after_commit_p50_ms']:.1f} ms"
-                            f" (p99 {m['commit_p99_ms']:.1f} / {m['after_commit_p99_ms']:.1f})",
-                            "",
-                            "",
-                            "",
-                        )
-                    )
+            targets = {"target_unkeyed": "", "target_keyed": ""}
+            if phase == "idle":
+                targets["target_unkeyed"] = f"p50 <= 2, p99 <= 5 {_met(lat['ok_idle'])}"
+            if phase == "busy":
+                targets["target_keyed"] = f"<= 2x / 3x {_met(lat['ok_keyed'])}"
+            add("latency", p, label=label, u=p["unkeyed"], k=p["keyed"], m=p["minimal"], **targets)
     if "latency_sqlite" in f:
-        lat = f["latency_sqlite"]
-        rows.append(
-            (
-                f"c. commit to handler, SQLite, polling (poll {lat['poll_interval_s']:.1f}s)",
-                f"p50 {lat['p50_ms']:.1f} / p99 {lat['p99_ms']:.1f} ms",
-                "",
-                "",
-                "",
-                "",
-            )
+        add("latency_sqlite", f["latency_sqlite"])
+    for producers, e in f.get("enqueue", {}).get("by_producers", {}).items():
+        add(
+            "enqueue",
+            e,
+            producers=producers,
+            met_notify=_met(e["ratio_notify"] >= 0.9),
+            met_quiet=_met(e["ratio_quiet"] >= 0.9),
         )
-    if "enqueue" in f:
-        for producers, e in f["enqueue"]["by_producers"].items():
-            rows.append(
-                (
-                    f"c. enqueue, {producers} producer process(es), NOTIFY on",
-                    f"{e['send_per_s']:,.0f} tx/s",
-                    f"{e['floor_notify_per_s']:,.0f} tx/s (+INSERT+pg_notify)",
-                    "",
-                    f"{e['ratio_notify']:.2f}x",
-                    f">= 0.9x {'(met)' if e['ratio_notify'] >= 0.9 else '(missed)'}",
-                )
-            )
-            rows.append(
-                (
-                    f"c. enqueue, {producers} producer process(es), NOTIFY off",
-                    f"{e['send_quiet_per_s']:,.0f} tx/s",
-                    f"{e['floor_per_s']:,.0f} tx/s (+INSERT)",
-                    "",
-                    f"{e['ratio_quiet']:.2f}x (floor with pg_notify: {e['notify_cost']:.2f}x this floor)",
-                    f">= 0.9x {'(met)' if e['ratio_quiet'] >= 0.9 else '(missed)'}",
-                )
-            )
-    if "claim_cost" in f:
-        c = f["claim_cost"]
-        small, large = c["small"], c["large"]
-        rows.append(
-            (
-                f"d. claim 100, {small['history_rows']:,} -> {large['history_rows']:,} rows of history",
-                f"{small['claim_ms']:.2f} -> {large['claim_ms']:.2f} ms",
-                "",
-                "",
-                f"{c['ratio']:.2f}x in units of the reference",
-                f"<= 1.10x {_ok(c)}",
-            )
-        )
-        rows.append(
-            (
-                "d. reference: 100 rows by primary key, same table",
-                f"{small['reference_ms']:.2f} -> {large['reference_ms']:.2f} ms",
-                "",
-                "",
-                f"claim = {small['claim_over_reference']:.1f} -> {large['claim_over_reference']:.1f} references",
-                "",
-            )
-        )
-        rows.append(
-            (
-                "d. record 100 outcomes, same",
-                f"{small['record_ms']:.2f} -> {large['record_ms']:.2f} ms",
-                "",
-                "",
-                f"{c['record_ratio']:.2f}x (raw)",
-                "",
-            )
-        )
-    if "open_transaction" in f:
-        o = f["open_transaction"]
-        rows.append(
-            (
-                f"d. drain with a {o['window_s']:.0f}s open transaction",
-                f"{o['held_per_s']:,.0f} msg/s",
-                "",
-                f"{o['free_per_s']:,.0f} msg/s without",
-                f"{o['ratio']:.2f}x",
-                f"drop {o['drop_percent']:.0f}%",
-            )
-        )
+    for name in ("claim_cost", "open_transaction"):
+        if name in f:
+            add(name, f[name])
     if "memory" in f:
         m = f["memory"]
-        rows.append(
-            (
-                f"e. worker RSS, {m['messages']:,} messages",
-                f"{m['rss_final_kib'] / 1024:.1f} MiB at the end (max {m['rss_max_kib'] / 1024:.1f})",
-                "",
-                f"{m['rss_after_warmup_kib'] / 1024:.1f} MiB after warm-up",
-                f"{m['growth_percent']:+.1f}%",
-                "flat",
-            )
+        add(
+            "memory",
+            m,
+            final=m["rss_final_kib"] / 1024,
+            max=m["rss_max_kib"] / 1024,
+            warm=m["rss_after_warmup_kib"] / 1024,
         )
     for name, by in f.get("compare", {}).items():
-        if not isinstance(by, dict):
-            continue
-        for processes, c in by.items():
+        for processes, c in by.items() if isinstance(by, dict) else ():
             minimal = c.get("ratio_to_minimal")
-            rows.append(
-                (
-                    f"peer: {name}, {processes} process(es)",
-                    f"{c['per_s']:,.0f} jobs/s",
-                    "",
-                    "",
-                    f"{minimal:.3f}x minimal" if minimal else "",
-                    "",
-                )
-            )
+            add("compare", c, name=name, processes=processes, vs_minimal=f"{minimal:.3f}x minimal" if minimal else "")
     if "mariadb" in f:
-        rows += _mariadb_rows(f["mariadb"])
-    header = ("figure", "project", "minimal reference", "same-table reference", "ratio", "target")
-    lines = ["| " + " | ".join(header) + " |", "|" + "---|" * len(header)]
-    lines += ["| " + " | ".join(row) + " |" for row in rows]
-    return "\n".join(lines)
-
-
-def _mariadb_rows(m: dict[str, Any]) -> list[tuple[str, ...]]:
-    """The MariaDB section: the references are the hand-written two-statement relay and INSERT floor."""
-    rows: list[tuple[str, ...]] = []
-    drain = m["drain"]
-    for processes, d in drain["by_processes"].items():
-        rows.append(
-            (
-                f"f. MariaDB drain, {processes} process(es), N={drain['messages']:,}"
-                f" (poll {drain['poll_interval_s'] * 1000:.0f} ms)",
-                f"{d['outbox_per_s']:,.0f} msg/s",
-                f"{d['reference_per_s']:,.0f} msg/s (two-statement relay, twin table)",
-                f"{d['same_table_per_s']:,.0f} msg/s ({d['same_table_to_reference']:.2f}x the twin's)",
-                f"**{d['ratio']:.2f}x** reference, {d['ratio_same_table']:.2f}x same-table",
-                f">= 0.5x, aim 0.8x {_ok(d)}",
+        drain = f["mariadb"]["drain"]
+        for processes, d in drain["by_processes"].items():
+            add(
+                "mariadb_drain",
+                d,
+                processes=processes,
+                messages=drain["messages"],
+                poll_ms=drain["poll_interval_s"] * 1000,
             )
-        )
-        if "one_thread_per_s" in d:
-            rows.append(
-                (
-                    f"f. same, {processes} process, --concurrency 1",
-                    f"{d['one_thread_per_s']:,.0f} msg/s",
-                    "",
-                    "",
-                    f"{d['ratio_one_thread']:.2f}x reference",
-                    "",
-                )
-            )
-    s = m["send"]
-    rows.append(
-        (
-            "f. MariaDB send() in a one-row business transaction",
-            f"{s['send_us_per_tx']:.0f} µs/tx",
-            "",
-            f"{s['floor_us_per_tx']:.0f} µs/tx (+1 hand-written INSERT, own table)",
-            f"{s['send_vs_floor']:.2f}x of the floor (keyed {s['send_keyed_vs_floor_keyed']:.2f}x)",
-            f"<= 1.1x {_ok(s)}",
-        )
-    )
-    rows.append(
-        (
-            "f. MariaDB, vs the transaction without a message",
-            f"{s['send_vs_plain']:.2f}x",
-            "",
-            f"{s['floor_vs_plain']:.2f}x",
-            "",
-            "",
-        )
-    )
-    return rows
-
-
-def _ok(figure: dict[str, Any]) -> str:
-    return "(met)" if figure.get("ok") else "(missed)"
+            if "one_thread_per_s" in d:
+                add("mariadb_one_thread", d, processes=processes)
+        add("mariadb_send", f["mariadb"]["send"])
+    return markdown(("figure", "project", "minimal reference", "same-table reference", "ratio", "target"), rows)
 
 
 if __name__ == "__main__":

@@ -2,28 +2,18 @@
 
     python bench/send_many_scale.py [--items 10000] [--keyed-items 50000] [--reps 3] [--output FILE]
 
-For each database (``DATABASE_URL`` for PostgreSQL, ``MARIADB_URL`` for MariaDB; each a database of the
-benchmark's own, created, migrated and emptied), a child process on that database's settings writes, in
-one transaction each:
-
-- ``unkeyed``: ``--items`` messages without a key;
-- ``idempotent``: ``--items`` messages, each with its own idempotency key;
-- ``keyed``: ``--keyed-items`` messages, each with a key of its own (the producers' key locks);
-- ``reference``: ``--items`` rows in one hand-written ``INSERT ... VALUES (...), (...)`` into a minimal
-  table (id, topic, key, payload, created_at): what a careful engineer writes by hand, one statement.
-
-The kinds take turns within each repetition (the order rotated by one each time), the table is emptied
-between them, and each figure is the median rate (items a second) over the repetitions, with its ratio
-to the same database's reference and MariaDB's rate against PostgreSQL's in the same run. Both children
-run in this run, one after the other, so both see the same machine.
+On each database (``DATABASE_URL``, ``MARIADB_URL``: each of the benchmark's own), a child process writes
+in one transaction: ``unkeyed`` (``--items`` messages), ``idempotent`` (each with an idempotency key),
+``keyed`` (``--keyed-items``, each with a key of its own) and ``reference`` (``--items`` rows in one
+hand-written ``INSERT ... VALUES (...), (...)`` into a minimal table). The kinds take turns (rotated each
+repetition), the tables emptied between them; figures: median items a second, the ratio to the same
+database's reference, and MariaDB's against PostgreSQL's, both measured one after the other in this run.
 """
 
 from __future__ import annotations
 
-import argparse
 import json
 import os
-import statistics
 import subprocess
 import sys
 import tempfile
@@ -33,6 +23,8 @@ from typing import Any
 
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
+from bench import common, tables  # noqa: E402
+from bench.common import median  # noqa: E402
 
 PG_URL = "postgres://postgres@127.0.0.1:5432/bench_outbox_send_many"
 KINDS = ("unkeyed", "idempotent", "keyed", "reference")
@@ -62,11 +54,10 @@ def _child(items: int, keyed_items: int, reps: int) -> Json:
     now = "UTC_TIMESTAMP(6)" if mysql else "now()"
 
     def empty() -> None:
-        with connection.cursor() as cursor:
-            for table in ("django_outbox_attempt", "django_outbox_message", MINIMAL):
-                cursor.execute(f"DELETE FROM {table}")
-            if mysql:
-                cursor.execute("DELETE FROM django_outbox_key_lock")
+        for table in ("django_outbox_attempt", "django_outbox_message", MINIMAL):
+            common.sql(f"DELETE FROM {table}")
+        if mysql:
+            common.sql("DELETE FROM django_outbox_key_lock")
 
     def run(kind: str, rep: int) -> float:
         n = keyed_items if kind == "keyed" else items
@@ -77,9 +68,7 @@ def _child(items: int, keyed_items: int, reps: int) -> Json:
         with transaction.atomic():
             if kind == "reference":
                 values = ", ".join([f"('bench.noop', NULL, %s, {now})"] * n)
-                sql = f"INSERT INTO {MINIMAL} (topic, {key}, payload, created_at) VALUES {values}"
-                with connection.cursor() as cursor:
-                    cursor.execute(sql, payloads)
+                common.sql(f"INSERT INTO {MINIMAL} (topic, {key}, payload, created_at) VALUES {values}", payloads)
             else:
                 batch: list[dict[str, Any]] = []
                 for i in range(n):
@@ -94,20 +83,19 @@ def _child(items: int, keyed_items: int, reps: int) -> Json:
 
     reps_out: list[Json] = []
     for rep in range(reps):
-        order = KINDS[rep % len(KINDS) :] + KINDS[: rep % len(KINDS)]
-        reps_out.append({kind: run(kind, rep) for kind in order})
+        reps_out.append({kind: run(kind, rep) for kind in common.rotated(KINDS, rep)})
         print("  rep", rep, {k: round(v) for k, v in reps_out[-1].items()}, flush=True)
     empty()
     return {"vendor": connection.vendor, "reps": reps_out}
 
 
 def _run_child(dsn: str, items: int, keyed_items: int, reps: int) -> Json:
-    env = {**os.environ, "DJANGO_SETTINGS_MODULE": "bench.settings", "DATABASE_URL": dsn}
-    migrate = [sys.executable, str(ROOT / "manage.py"), "migrate", "--verbosity", "0"]
-    subprocess.run(migrate, cwd=ROOT, env=env, check=True)
+    tables.ensure_database(dsn)
+    common.manage(dsn, "migrate", "--verbosity", "0")
     with tempfile.TemporaryDirectory() as tmp:
         output = Path(tmp) / "child.json"
         args = ["--child", "--items", str(items), "--keyed-items", str(keyed_items), "--reps", str(reps)]
+        env = {**os.environ, **common.django_env(dsn)}
         subprocess.run([sys.executable, __file__, *args, "--output", str(output)], cwd=ROOT, env=env, check=True)
         result: Json = json.loads(output.read_text())
     return result
@@ -115,16 +103,11 @@ def _run_child(dsn: str, items: int, keyed_items: int, reps: int) -> Json:
 
 def measure(pg_dsn: str, mariadb_dsn: str, *, items: int, keyed_items: int, reps: int) -> Json:
     """Both databases' figures, in this order, and MariaDB's rates against PostgreSQL's."""
-    from bench.mariadb_send import ensure_database as ensure_mariadb
-    from bench.tables import ensure_database as ensure_pg
-
-    ensure_pg(pg_dsn)
-    ensure_mariadb(mariadb_dsn)
     figure: Json = {"items": items, "keyed_items": keyed_items}
     for name, dsn in (("postgresql", pg_dsn), ("mariadb", mariadb_dsn)):
         print(name, flush=True)
         child = _run_child(dsn, items, keyed_items, reps)
-        rates = {kind: statistics.median(r[kind] for r in child["reps"]) for kind in KINDS}
+        rates = {kind: median([r[kind] for r in child["reps"]]) for kind in KINDS}
         figure[name] = {
             "per_s": rates,
             "vs_reference": {kind: rates[kind] / rates["reference"] for kind in KINDS if kind != "reference"},
@@ -137,12 +120,12 @@ def measure(pg_dsn: str, mariadb_dsn: str, *, items: int, keyed_items: int, reps
 
 
 def main() -> int:
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser = common.parser(__doc__)
     parser.add_argument("--items", type=int, default=10_000)
     parser.add_argument("--keyed-items", type=int, default=50_000)
     parser.add_argument("--reps", type=int, default=3)
     parser.add_argument("--output", type=Path)
-    parser.add_argument("--child", action="store_true", help=argparse.SUPPRESS)
+    parser.add_argument("--child", action="store_true", help="==SUPPRESS==")
     args = parser.parse_args()
     if args.child:
         args.output.write_text(json.dumps(_child(args.items, args.keyed_items, args.reps)))
@@ -151,17 +134,23 @@ def main() -> int:
 
     pg = os.environ.get("DATABASE_URL") or PG_URL
     figure = measure(pg, mariadb.url(), items=args.items, keyed_items=args.keyed_items, reps=args.reps)
-    print("\n| kind | PostgreSQL items/s | vs its reference | MariaDB items/s | vs its reference | MariaDB / PG |")
-    print("| --- | ---: | ---: | ---: | ---: | ---: |")
+    rows = []
     for kind in KINDS:
         pg_fig, my_fig = figure["postgresql"], figure["mariadb"]
-        print(
-            f"| {kind} | {pg_fig['per_s'][kind]:,.0f} | {pg_fig['vs_reference'].get(kind, 1.0):.2f}x"
-            f" | {my_fig['per_s'][kind]:,.0f} | {my_fig['vs_reference'].get(kind, 1.0):.2f}x"
-            f" | {figure['mariadb_vs_postgresql'][kind]:.2f}x |"
+        rows.append(
+            (
+                kind,
+                f"{pg_fig['per_s'][kind]:,.0f}",
+                f"{pg_fig['vs_reference'].get(kind, 1.0):.2f}x",
+                f"{my_fig['per_s'][kind]:,.0f}",
+                f"{my_fig['vs_reference'].get(kind, 1.0):.2f}x",
+                f"{figure['mariadb_vs_postgresql'][kind]:.2f}x",
+            )
         )
+    header = ("kind", "PostgreSQL items/s", "vs its reference", "MariaDB items/s", "vs its reference", "MariaDB / PG")
+    print("\n" + common.markdown(header, rows))
     output = args.output or ROOT / "bench" / "results" / "send-many-scale.json"
-    output.write_text(json.dumps(figure, indent=2))
+    common.write_json(output, figure)
     print(f"\nwrote {output}")
     return 0
 

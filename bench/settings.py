@@ -25,18 +25,13 @@ OUTBOX = {
     "MAX_ATTEMPTS": 5,
     "POLL_INTERVAL_SECONDS": float(os.environ.get("BENCH_POLL_INTERVAL", "1.0")),
     "LEASE_SECONDS": 60.0,
-    # BENCH_PREPARED_STATEMENTS=0: the workers without prepared statements, for an A/B of the setting
     "PREPARED_STATEMENTS": os.environ.get("BENCH_PREPARED_STATEMENTS", "1") == "1",
 }
 if "BENCH_HOUSEKEEPING_INTERVAL" in os.environ:  # bench/autovacuum.py keeps its history: no archiving
     OUTBOX["HOUSEKEEPING_INTERVAL_SECONDS"] = float(os.environ["BENCH_HOUSEKEEPING_INTERVAL"])
 # BENCH_LOG_LEVEL=WARNING: bench/topology.py counts the warnings (the prepared-statement fallback's)
 LOGGING["loggers"]["django_outbox"]["level"] = os.environ.get("BENCH_LOG_LEVEL", "ERROR")  # type: ignore[index]  # noqa: F405
-if "BENCH_CONCURRENCY" in os.environ:  # the workers' delivery threads, for an A/B of the default (two)
-    OUTBOX["CONCURRENCY"] = int(os.environ["BENCH_CONCURRENCY"])
-# bench/topology.py: workers through other paths to the server. BENCH_DB_OPTIONS (JSON) is merged into the
-# default alias's OPTIONS (Django's pool: {"pool": {...}}); BENCH_LISTEN_DATABASE_URL adds the direct alias
-# that only the listener uses (OUTBOX["LISTEN_DATABASE"]) behind transaction pooling.
+# bench/topology.py: OPTIONS for the default alias (Django's pool), and a direct alias for the listener alone.
 if os.environ.get("BENCH_DB_OPTIONS"):
     import json
 

@@ -1,136 +1,51 @@
 """Django tasks: django-tasks-db's workload against ``django_outbox.tasks.OutboxBackend``, same run.
 
-The workload of the peer benchmark: N no-op tasks, each enqueued with a business row in one
-committed transaction, drained by 1 and by 4 idle worker processes (``db_worker`` for django-tasks-db,
-``outbox_worker`` for the outbox). Each figure is the median of the repetitions, the two systems taking
-turns to go first; both on the same PostgreSQL server, in databases of their own.
-
-    bench/compare_setup.sh          # once: django-tasks + django-tasks-db in bench/.venv-compare
     DATABASE_URL=postgres://postgres@127.0.0.1:5432/bench_tasks \\
         .venv-django6/bin/python bench/tasks.py [--messages 2000] [--peer-messages 500] [--reps 3]
 
-Run it with a Django 6 interpreter (the outbox's backend needs ``django.tasks``).
+N no-op tasks, each enqueued with a business row in one committed transaction, drained by 1 and 4 idle
+workers (``db_worker``, ``outbox_worker``), the systems taking turns to go first, each in a database of its
+own on the same server. Needs Django 6 (``django.tasks``) and bench/compare_setup.sh's environment.
 """
 
 from __future__ import annotations
 
-import argparse
 import datetime as dt
-import json
 import os
-import statistics
 import sys
 import time
-from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 from urllib.parse import urlparse
-
-import psycopg
 
 ROOT = Path(__file__).resolve().parent.parent
 if str(ROOT) not in sys.path:
     sys.path.insert(0, str(ROOT))
 
-from bench import procs, tables  # noqa: E402
+from bench import common, figures, procs, tables  # noqa: E402
+from bench.common import median  # noqa: E402
 
 DEFAULT_PEER_PYTHON = ROOT / "bench" / ".venv-compare" / "bin" / "python"
 
 
-@dataclass(frozen=True, kw_only=True)
-class Peer:
-    name: str
-    python: str
-    dsn: str
-    settings: str
-    worker: list[str]
-    ready_line: str
-    busy_sql: str
-    reset_sql: list[str]
-    system_env: str
-
-    def env(self) -> dict[str, str]:
-        return {
-            "DJANGO_SETTINGS_MODULE": self.settings,
-            "DATABASE_URL": self.dsn,
-            "BENCH_COMPARE_DSN": self.dsn,
-            "BENCH_TASKS_SYSTEM": self.system_env,
-            "PYTHONPATH": str(ROOT),
-        }
-
-    def run(self, *args: str) -> str:
-        p = procs.Proc([self.python, "-m", "bench.compare.tasks_peer", *args], env=self.env())
-        code = p.proc.wait(timeout=900)
-        p.join_output()
-        if code != 0:
-            raise RuntimeError(f"{self.name} {args}: exit {code}:\n" + "\n".join(p.lines[-30:]))
-        return p.lines[-1] if p.lines else ""
-
-
-def peers(dsn: str, peer_python: str) -> list[Peer]:
-    parsed = urlparse(dsn)
-    peer_dsn = parsed._replace(path=parsed.path + "_peer").geturl()
-    return [
-        Peer(
-            name="django-tasks-db",
-            python=peer_python,
-            dsn=peer_dsn,
-            settings="bench.compare.tasks_settings",
-            worker=["-m", "django", "db_worker", "--interval", "0.1", "--no-startup-delay", "--no-reload"],
-            ready_line="Starting worker",
-            busy_sql=(
-                "SELECT EXISTS (SELECT 1 FROM django_tasks_database_dbtaskresult WHERE status IN ('READY', 'RUNNING'))"
-            ),
-            reset_sql=["TRUNCATE django_tasks_database_dbtaskresult"],
-            system_env="django-tasks-db",
-        ),
-        Peer(
-            name="outbox-tasks",
-            python=sys.executable,
-            dsn=dsn,
-            settings="bench.compare.outbox_tasks_settings",
-            worker=[str(ROOT / "manage.py"), "outbox_worker", "--batch-size", "100"],
-            ready_line="relaying",
-            busy_sql="SELECT EXISTS (SELECT 1 FROM django_outbox_message WHERE status IN ('pending', 'processing'))",
-            reset_sql=[
-                "TRUNCATE django_outbox_message, django_outbox_attempt RESTART IDENTITY CASCADE",
-                "TRUNCATE django_outbox_worker",
-            ],
-            system_env="outbox",
-        ),
-    ]
-
-
-def drain_once(peer: Peer, processes: int, n: int) -> float:
-    """Tasks per second for ``processes`` idle workers to drain ``n`` tasks committed at once."""
-    with psycopg.connect(peer.dsn, autocommit=True) as conn:
-        for sql in peer.reset_sql:
-            conn.execute(sql)
-    started = [procs.Proc([peer.python, *peer.worker], env=peer.env()) for _ in range(processes)]
-    try:
-        for p in started:
-            p.wait_for_line(peer.ready_line)
-        time.sleep(0.5)  # let them settle into their idle wait
-        t0 = float(peer.run("fill", str(n)))
-        with psycopg.connect(peer.dsn, autocommit=True) as poll:
-            deadline = time.monotonic() + 120 + n / 20
-            while True:
-                row = poll.execute(peer.busy_sql).fetchone()
-                if not (row and row[0]):
-                    break
-                for p in started:
-                    if not p.alive():
-                        raise RuntimeError(f"{peer.name} worker died:\n" + "\n".join(p.lines[-30:]))
-                if time.monotonic() >= deadline:
-                    raise RuntimeError(f"{peer.name} did not drain {n} tasks:\n" + "\n".join(started[0].lines[-30:]))
-                time.sleep(0.01)
-            t1 = time.time()
-    finally:
-        procs.stop_all(started)
-    return n / (t1 - t0)
+def peer(name: str, python: str, dsn: str, settings: str, worker: list[str], **kw: Any) -> figures.System:
+    """One of the two: its worker, and ``bench.compare.tasks_peer`` (``migrate``; ``fill N``: N tasks, each
+    with a business row, in one committed transaction) run by ``python`` on ``settings`` in ``dsn``."""
+    env = {"DJANGO_SETTINGS_MODULE": settings, "DATABASE_URL": dsn, "BENCH_COMPARE_DSN": dsn}
+    env |= {"BENCH_TASKS_SYSTEM": name, "PYTHONPATH": str(ROOT)}
+    procs.last_line([python, "-m", "bench.compare.tasks_peer", "migrate"], env=env)
+    return figures.System(
+        name=name,
+        start=lambda ctx: procs.Proc([python, *worker], env=env),
+        fill=lambda ctx, n: float(procs.last_line([python, "-m", "bench.compare.tasks_peer", "fill", str(n)], env=env)),
+        dsn=lambda ctx: dsn,
+        seconds_per_message=0.05,
+        **kw,
+    )
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser = common.parser(__doc__)
     parser.add_argument("--messages", type=int, default=2000, help="tasks per drain for the outbox")
     parser.add_argument("--peer-messages", type=int, default=500, help="tasks per drain for django-tasks-db")
     parser.add_argument("--reps", type=int, default=3)
@@ -143,10 +58,33 @@ def main(argv: list[str] | None = None) -> int:
         parser.error("DATABASE_URL must name a PostgreSQL database of the benchmark's own")
     if not Path(args.peer_python).exists():
         parser.error(f"{args.peer_python} does not exist: run bench/compare_setup.sh first")
-    systems = peers(dsn, args.peer_python)
-    for peer in systems:
-        tables.ensure_database(peer.dsn)
-        peer.run("migrate")
+    parsed = urlparse(dsn)
+    peer_dsn = parsed._replace(path=parsed.path + "_peer").geturl()
+    for each in (peer_dsn, dsn):
+        tables.ensure_database(each)
+    systems = [
+        peer(
+            "django-tasks-db",
+            args.peer_python,
+            peer_dsn,
+            "bench.compare.tasks_settings",
+            ["-m", "django", "db_worker", "--interval", "0.1", "--no-startup-delay", "--no-reload"],
+            ready="Starting worker",
+            reset=("TRUNCATE django_tasks_database_dbtaskresult",),
+            busy=figures.busy_sql("django_tasks_database_dbtaskresult", "'READY', 'RUNNING'"),
+        ),
+        peer(
+            "outbox-tasks",
+            sys.executable,
+            dsn,
+            "bench.compare.outbox_tasks_settings",
+            [str(ROOT / "manage.py"), "outbox_worker", "--batch-size", "100"],
+            ready="relaying",
+            reset=figures.OUTBOX_RESET,
+            busy=figures.OUTBOX_BUSY,
+        ),
+    ]
+    ctx = figures.Context(dsn=dsn, sizes=figures.Sizes())
     sizes = {"django-tasks-db": args.peer_messages, "outbox-tasks": args.messages}
     result: dict[str, object] = {
         "when": dt.datetime.now(dt.UTC).isoformat(timespec="seconds"),
@@ -154,26 +92,20 @@ def main(argv: list[str] | None = None) -> int:
         "messages": sizes,
     }
     for processes in [int(x) for x in args.processes.split(",")]:
-        rates: dict[str, list[float]] = {p.name: [] for p in systems}
-        for rep in range(args.reps):
-            order = systems if rep % 2 == 0 else systems[::-1]
-            for peer in order:
-                rates[peer.name].append(drain_once(peer, processes, sizes[peer.name]))
-        medians = {name: statistics.median(r) for name, r in rates.items()}
-        result[f"x{processes}"] = {
-            "per_s": medians,
-            "reps": rates,
-            "ratio_outbox_to_peer": medians["outbox-tasks"] / medians["django-tasks-db"],
-        }
+        rates: dict[str, list[float]] = {s.name: [] for s in systems}
+        for first in common.interleaved(args.reps):
+            for s in systems if first else systems[::-1]:
+                rates[s.name].append(figures.drain_once(ctx, s, processes, sizes[s.name]))
+        medians = {name: median(r) for name, r in rates.items()}
+        ratio = medians["outbox-tasks"] / medians["django-tasks-db"]
+        result[f"x{processes}"] = {"per_s": medians, "reps": rates, "ratio_outbox_to_peer": ratio}
         print(
             f"{processes} worker(s): django-tasks-db {medians['django-tasks-db']:,.0f}/s, "
-            f"outbox-tasks {medians['outbox-tasks']:,.0f}/s "
-            f"(x{medians['outbox-tasks'] / medians['django-tasks-db']:.1f})",
+            f"outbox-tasks {medians['outbox-tasks']:,.0f}/s (x{ratio:.1f})",
             flush=True,
         )
     output = args.output or ROOT / "bench" / "results" / f"tasks-{time.strftime('%Y%m%d-%H%M%S')}.json"
-    output.parent.mkdir(exist_ok=True)
-    output.write_text(json.dumps(result, indent=2) + "\n")
+    common.write_json(output, result)
     print(f"written to {output}")
     return 0
 

@@ -1,46 +1,30 @@
 """Commit-to-handler latency and drain throughput per deployment topology, each beside its reference.
 
     DATABASE_URL=postgres://postgres@127.0.0.1:5432/bench_outbox python bench/topology.py [--quick | --smoke]
-        [--only latency,drain,prepared] [--output FILE]
+        [--output FILE]
 
-Topologies (docs/deploying.md): workers connected directly; through a private PgBouncer (Debian's
-``/usr/sbin/pgbouncer``, started here on a free loopback port) in session pooling; in transaction pooling
-with ``OUTBOX["LISTEN_DATABASE"]`` on a direct alias; in transaction pooling without it (the listener is
-deaf, so the worker polls, at the default ``POLL_INTERVAL_SECONDS`` of 5 s); and on Django's own psycopg
-pool (``OPTIONS["pool"]``). Every worker runs with the product's default poll interval, so nothing but
-a wake-up explains a delivery within milliseconds.
-
-- **latency**: an idle worker; messages committed one per transaction (the row and the ``NOTIFY`` that
-  ``send()`` writes, by a plain psycopg connection over the same path as the worker's: the web process's
-  path); from just before ``COMMIT`` to the handler's start (UDP from the handler, bench/noop). Reference:
-  the round trip of a bare ``NOTIFY`` committed over the same path to a psycopg connection ``LISTEN``ing
-  where the worker's listener does (the physical limit of a wake-up); and the direct topology's figure.
-- **drain**: one and two idle worker processes (default settings, batches of 100) and a backlog committed
-  at once; the rate counts from the first claim to the last outcome (the wake-up is the latency's
-  figure), and also from the commit. Reference: the direct topology, interleaved in the same run.
-- **prepared**: behind transaction pooling, the adaptive fallback (``PREPARED_STATEMENTS`` on, the
-  default: the worker finds out and carries on unprepared) against ``PREPARED_STATEMENTS = False`` from
-  the start; what the fallback costs.
-
-Every drain also checks that each message was delivered once with one attempt, and counts the workers'
-log lines that would mean a pooler artefact taken for an outage. It writes
-``bench/results/topology-<timestamp>.json`` and prints a Markdown table. Point DATABASE_URL at a database
-of the benchmark's own: it empties the outbox tables.
+Topologies (docs/deploying.md): direct; a private PgBouncer (started here) in session pooling; in
+transaction pooling with ``LISTEN_DATABASE`` direct, and without (the worker polls, every 5 s: the
+default); Django's own pool. Workers run with the default poll interval, so only a wake-up explains a
+delivery within milliseconds. **latency**: ``send()``'s row and NOTIFY committed over the web process's
+path, to an idle worker's handler; reference: a bare NOTIFY over the same path to a LISTEN where the
+listener is, and the direct topology. **drain**: a backlog committed at once, counted from the first
+claim (and from the commit), beside direct in the same round. **prepared**: behind transaction pooling,
+the adaptive fallback against ``PREPARED_STATEMENTS = False``. Every drain checks each message was
+delivered once and counts log lines that would mean a pooler artefact taken for an outage.
 """
 
 from __future__ import annotations
 
-import argparse
+import dataclasses
 import datetime as dt
 import json
 import os
 import random
-import socket
 import sys
 import threading
 import time
-from collections.abc import Callable, Iterator
-from contextlib import contextmanager
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -53,11 +37,10 @@ os.environ["DJANGO_SETTINGS_MODULE"] = "bench.settings"
 
 import psycopg  # noqa: E402
 
-from bench import figures, procs, tables  # noqa: E402
-from bench.figures import median, percentile  # noqa: E402
+from bench import common, figures, procs, tables  # noqa: E402
+from bench.common import Json, interleaved, markdown, median, medians, parser, write_json  # noqa: E402
+from bench.figures import latency_summary  # noqa: E402
 
-Json = dict[str, Any]
-SECTIONS = ("latency", "drain", "prepared")
 #: The product's default (conf.py); the workers here run with it so that polling cannot pass for a wake-up.
 DEFAULT_POLL_INTERVAL = 5.0
 #: Log lines of a worker that would mean a pooler artefact treated as an outage or a lost outcome.
@@ -83,14 +66,13 @@ SIZES = {
 }
 
 
-@dataclass(frozen=True, kw_only=True)
+@dataclass(frozen=True)
 class Topology:
     """Where the workers and the senders connect, and where a listener can hear a NOTIFY (None: nowhere)."""
 
     name: str
     label: str
-    worker_dsn: str
-    sender_dsn: str
+    dsn: str
     listen_dsn: str | None
     env: dict[str, str] = field(default_factory=dict)
 
@@ -101,52 +83,29 @@ class Topology:
 
 def topologies(dsn: str, session: Any, transaction: Any) -> list[Topology]:
     name = urlparse(dsn).path.lstrip("/")
-    through_session, through_transaction = session.url(name), transaction.url(name)
+    session_url, transaction_url = session.url(name), transaction.url(name)
+    no_listen = f"PgBouncer, transaction pooling, no LISTEN_DATABASE (polls every {DEFAULT_POLL_INTERVAL:g}s)"
     return [
-        Topology(name="direct", label="direct connections", worker_dsn=dsn, sender_dsn=dsn, listen_dsn=dsn),
+        Topology("direct", "direct connections", dsn, dsn),
+        Topology("session", "PgBouncer, session pooling", session_url, session_url),
         Topology(
-            name="session",
-            label="PgBouncer, session pooling",
-            worker_dsn=through_session,
-            sender_dsn=through_session,
-            listen_dsn=through_session,
+            "transaction_listen",
+            "PgBouncer, transaction pooling, LISTEN_DATABASE direct",
+            transaction_url,
+            dsn,
+            {"BENCH_LISTEN_DATABASE_URL": dsn},
         ),
+        Topology("transaction_polling", no_listen, transaction_url, None),
         Topology(
-            name="transaction_listen",
-            label="PgBouncer, transaction pooling, LISTEN_DATABASE direct",
-            worker_dsn=through_transaction,
-            sender_dsn=through_transaction,
-            listen_dsn=dsn,
-            env={"BENCH_LISTEN_DATABASE_URL": dsn},
-        ),
-        Topology(
-            name="transaction_polling",
-            label=f"PgBouncer, transaction pooling, no LISTEN_DATABASE (polls every {DEFAULT_POLL_INTERVAL:g}s)",
-            worker_dsn=through_transaction,
-            sender_dsn=through_transaction,
-            listen_dsn=None,
-        ),
-        Topology(
-            name="django_pool",
-            label='Django\'s pool (OPTIONS["pool"])',
-            worker_dsn=dsn,
-            sender_dsn=dsn,
-            listen_dsn=dsn,
-            env={"BENCH_DB_OPTIONS": json.dumps(DJANGO_POOL)},
+            "django_pool", 'Django\'s pool (OPTIONS["pool"])', dsn, dsn, {"BENCH_DB_OPTIONS": json.dumps(DJANGO_POOL)}
         ),
     ]
 
 
 def unprepared(t: Topology) -> Topology:
     """``t`` with ``OUTBOX["PREPARED_STATEMENTS"] = False`` from the start."""
-    return Topology(
-        name=t.name + "_unprepared",
-        label=t.label + ", PREPARED_STATEMENTS = False",
-        worker_dsn=t.worker_dsn,
-        sender_dsn=t.sender_dsn,
-        listen_dsn=t.listen_dsn,
-        env={**t.env, "BENCH_PREPARED_STATEMENTS": "0"},
-    )
+    label, env = t.label + ", PREPARED_STATEMENTS = False", {**t.env, "BENCH_PREPARED_STATEMENTS": "0"}
+    return dataclasses.replace(t, name=t.name + "_unprepared", label=label, env=env)
 
 
 def connect(dsn: str) -> psycopg.Connection[tuple[Any, ...]]:
@@ -158,7 +117,7 @@ def start_worker(t: Topology, *extra: str, udp_port: int | None = None) -> procs
     env = {**t.env, "BENCH_POLL_INTERVAL": str(DEFAULT_POLL_INTERVAL), "BENCH_LOG_LEVEL": "WARNING"}
     if udp_port is not None:
         env["BENCH_UDP_PORT"] = str(udp_port)
-    return procs.outbox_worker(t.worker_dsn, "--batch-size", "100", *extra, env=env)
+    return procs.outbox_worker(t.dsn, "--batch-size", "100", *extra, env=env)
 
 
 def trouble(lines: list[str]) -> int:
@@ -177,72 +136,32 @@ SEND = (
 )
 
 
-@contextmanager
-def udp_receiver() -> Iterator[tuple[int, dict[int, float]]]:
-    """A loopback UDP port and the arrival times the handler reports there, by message id."""
-    sock = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
-    sock.bind(("127.0.0.1", 0))
-    sock.settimeout(0.2)
-    arrived: dict[int, float] = {}
-    done = threading.Event()
-
-    def receive() -> None:
-        while not done.is_set():
-            try:
-                data = sock.recv(100)
-            except TimeoutError:
-                continue
-            message_id, at = data.decode().split()
-            arrived[int(message_id)] = float(at)
-
-    thread = threading.Thread(target=receive, daemon=True)
-    thread.start()
-    try:
-        yield sock.getsockname()[1], arrived
-    finally:
-        done.set()
-        thread.join()
-        sock.close()
-
-
 def gap(t: Topology) -> float:
     """The pause between two commits: short for wake-ups; spread over the poll interval for polling."""
     return random.uniform(0.05, DEFAULT_POLL_INTERVAL / 4) if t.polls else random.uniform(0.005, 0.015)
 
 
-def summary(ms: list[float], sent: int) -> Json:
-    return {
-        "p50_ms": percentile(ms, 50),
-        "p95_ms": percentile(ms, 95),
-        "p99_ms": percentile(ms, 99),
-        "received": len(ms),
-        "sent": sent,
-    }
-
-
-def latency_once(ctx: Context, t: Topology, udp_port: int, arrived: dict[int, float]) -> Json:
+def latency_once(ctx: Context, t: Topology, udp_port: int, arrived: dict[str, float]) -> Json:
     """One repetition: a fresh idle worker on ``t``, messages one per transaction, commit to handler."""
     worker = start_worker(t, udp_port=udp_port)
     try:
         worker.wait_for_line("relaying")
         time.sleep(SETTLE_SECONDS)  # the listener's probe is over: idle, as in production
         arrived.clear()
-        committed: dict[int, float] = {}
+        committed: dict[str, float] = {}
         n = ctx.sizes.polling_messages if t.polls else ctx.sizes.latency_messages
-        with connect(t.sender_dsn) as sender:
+        with connect(t.dsn) as sender:
             for i in range(n):
                 with sender.transaction():
                     row = sender.execute(SEND, [json.dumps({"n": i})]).fetchone()
                     assert row is not None
-                    committed[int(row[0])] = time.time()  # before COMMIT: the figure includes the commit
+                    committed[str(row[0])] = time.time()  # before COMMIT: the figure includes the commit
                 time.sleep(gap(t))
-        deadline = time.monotonic() + DEFAULT_POLL_INTERVAL * 2 + 5
-        while len(arrived) < len(committed) and time.monotonic() < deadline:
-            time.sleep(0.02)
+        procs.wait_for_all(arrived, committed, DEFAULT_POLL_INTERVAL * 2 + 5)
         ms = [(arrived[k] - committed[k]) * 1000 for k in committed if k in arrived]
     finally:
         worker.stop()
-    return {**summary(ms, len(committed)), "trouble_lines": trouble(worker.lines)}
+    return {**latency_summary(ms, len(committed)), "trouble_lines": trouble(worker.lines)}
 
 
 def notify_once(ctx: Context, t: Topology) -> Json | None:
@@ -251,7 +170,7 @@ def notify_once(ctx: Context, t: Topology) -> Json | None:
     if t.listen_dsn is None:
         return None
     channel = f"bench_topology_{os.getpid()}"
-    heard: dict[int, float] = {}
+    heard: dict[str, float] = {}
     with connect(t.listen_dsn) as listening:
         listening.execute(f"LISTEN {channel}")
         done = threading.Event()
@@ -259,33 +178,31 @@ def notify_once(ctx: Context, t: Topology) -> Json | None:
         def listen() -> None:
             while not done.is_set():
                 for note in listening.notifies(timeout=0.2):
-                    heard[int(note.payload)] = time.time()
+                    heard[note.payload] = time.time()
 
         thread = threading.Thread(target=listen, daemon=True)
         thread.start()
-        sent: dict[int, float] = {}
+        sent: dict[str, float] = {}
         try:
-            with connect(t.sender_dsn) as sender:
+            with connect(t.dsn) as sender:
                 for i in range(ctx.sizes.latency_messages):
                     with sender.transaction():
                         sender.execute("SELECT pg_notify(%s, %s)", [channel, str(i)])
-                        sent[i] = time.time()
-                    time.sleep(random.uniform(0.005, 0.015))
-            deadline = time.monotonic() + 5
-            while len(heard) < len(sent) and time.monotonic() < deadline:
-                time.sleep(0.02)
+                        sent[str(i)] = time.time()
+                    time.sleep(random.uniform(*figures.GAP))
+            procs.wait_for_all(heard, sent, 5)
         finally:
             done.set()
             thread.join()
-    return summary([(heard[k] - sent[k]) * 1000 for k in sent if k in heard], len(sent))
+    return latency_summary([(heard[k] - sent[k]) * 1000 for k in sent if k in heard], len(sent))
 
 
 def latency(ctx: Context, paths: list[Topology]) -> Json:
     """Each topology's latency and NOTIFY round trip per repetition, topologies in alternating order."""
     reps: dict[str, list[Json]] = {t.name: [] for t in paths}
     limits: dict[str, list[Json]] = {t.name: [] for t in paths}
-    with udp_receiver() as (port, arrived):
-        for first in figures.interleaved(ctx.sizes.reps):
+    with procs.udp_receiver() as (port, arrived):
+        for first in interleaved(ctx.sizes.reps):
             for t in paths if first else paths[::-1]:
                 with tables.connect(ctx.dsn) as conn:
                     tables.truncate(conn)
@@ -307,7 +224,7 @@ def latency(ctx: Context, paths: list[Topology]) -> Json:
             "polls": t.polls,
             "poll_interval_s": DEFAULT_POLL_INTERVAL,
             "messages_per_rep": ctx.sizes.polling_messages if t.polls else ctx.sizes.latency_messages,
-            **{k: median([x[k] for x in r]) for k in ("p50_ms", "p95_ms", "p99_ms")},
+            **medians(r, ("p50_ms", "p95_ms", "p99_ms")),
             "lost": sum(x["sent"] - x["received"] for x in r),
             "trouble_lines": sum(x["trouble_lines"] for x in r),
             # per repetition against the direct topology's repetition of the same round
@@ -338,25 +255,19 @@ def drain_once(ctx: Context, t: Topology, processes: int, n: int) -> Json:
         time.sleep(SETTLE_SECONDS)
         with tables.connect(ctx.dsn) as conn:
             t0 = tables.fill_pending(conn, n, analyze=True)
-            first: float | None = None
-            deadline = time.monotonic() + 120 + n / 50
-            while time.monotonic() < deadline:
+            first: list[float] = []
+
+            def done() -> bool:
                 row = conn.execute(
                     "SELECT count(*) FILTER (WHERE status <> 'pending'),"
                     " count(*) FILTER (WHERE status IN ('pending', 'processing')) FROM django_outbox_message"
                 ).fetchone()
                 assert row is not None
-                if first is None and row[0]:
-                    first = time.time()
-                if not row[1]:
-                    break
-                for p in started:
-                    if not p.alive():
-                        raise RuntimeError(f"{t.name} worker died:\n" + "\n".join(p.lines[-30:]))
-                time.sleep(0.01)
-            else:
-                raise RuntimeError(f"{t.name}: {n} messages not drained:\n" + "\n".join(started[0].lines[-30:]))
-            t1 = time.time()
+                if not first and row[0]:
+                    first.append(time.time())
+                return not row[1]
+
+            t1 = procs.wait_drained(done, started, f"{t.name} draining {n}", 120 + n / 50)
             row = conn.execute(
                 "SELECT count(*) FILTER (WHERE status = 'delivered' AND attempts = 1),"
                 " (SELECT count(*) FROM django_outbox_attempt) FROM django_outbox_message"
@@ -364,11 +275,10 @@ def drain_once(ctx: Context, t: Topology, processes: int, n: int) -> Json:
             assert row is not None
     finally:
         procs.stop_all(started)
-    assert first is not None
     return {
-        "per_s": n / max(t1 - first, 1e-3),
+        "per_s": n / max(t1 - first[0], 1e-3),
         "per_s_from_commit": n / (t1 - t0),
-        "wake_s": first - t0,
+        "wake_s": first[0] - t0,
         "delivered_once": int(str(row[0])),
         "attempts": int(str(row[1])),
         "trouble_lines": sum(trouble(p.lines) for p in started),
@@ -383,7 +293,7 @@ def drain(ctx: Context, paths: list[Topology], reference: Topology) -> Json:
     for processes in ctx.sizes.drain_processes:
         reps: dict[str, list[Json]] = {t.name: [] for t in [reference, *paths]}
         order = [reference, *(t for t in paths if t.name != reference.name)]
-        for first in figures.interleaved(ctx.sizes.reps):
+        for first in interleaved(ctx.sizes.reps):
             for t in order if first else order[::-1]:
                 rep = drain_once(ctx, t, processes, n)
                 reps[t.name].append(rep)
@@ -396,9 +306,7 @@ def drain(ctx: Context, paths: list[Topology], reference: Topology) -> Json:
             r = reps[t.name]
             by[t.name] = {
                 "label": t.label,
-                "per_s": median([x["per_s"] for x in r]),
-                "per_s_from_commit": median([x["per_s_from_commit"] for x in r]),
-                "wake_s": median([x["wake_s"] for x in r]),
+                **medians(r, ("per_s", "per_s_from_commit", "wake_s")),
                 "ratio": median([x["per_s"] / ref["per_s"] for x, ref in zip(r, reps[reference.name], strict=True)]),
                 "duplicates": sum(x["attempts"] - n for x in r),
                 "not_once": sum(n - x["delivered_once"] for x in r),
@@ -420,66 +328,46 @@ class Context:
     log: Callable[[str], None] = print
 
 
-def machine() -> Json:
-    load = os.getloadavg()
-    return {"loadavg_1_5_15": [round(x, 2) for x in load]}
-
-
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    mode = parser.add_mutually_exclusive_group()
+    args_parser = parser(__doc__)
+    mode = args_parser.add_mutually_exclusive_group()
     mode.add_argument("--quick", action="store_true", help="fewer messages: about ten minutes")
     mode.add_argument("--smoke", action="store_true", help="tiny sizes, one repetition (CI); figures mean nothing")
-    parser.add_argument("--only", help=f"comma-separated sections among {','.join(SECTIONS)}")
-    parser.add_argument("--output", type=Path, help="JSON file (default bench/results/topology-<timestamp>.json)")
-    args = parser.parse_args(argv)
-    only = set(args.only.split(",")) if args.only else set(SECTIONS)
-    if only - set(SECTIONS):
-        parser.error(f"unknown sections {sorted(only - set(SECTIONS))}; choose among {', '.join(SECTIONS)}")
+    args_parser.add_argument("--output", type=Path, help="JSON file (default bench/results/topology-<timestamp>.json)")
+    args = args_parser.parse_args(argv)
     dsn = os.environ["DATABASE_URL"]
     if not dsn.startswith("postgres"):
-        parser.error("DATABASE_URL must name a PostgreSQL database of the benchmark's own")
+        args_parser.error("DATABASE_URL must name a PostgreSQL database of the benchmark's own")
     from tests.support import pgbouncer
 
     if not pgbouncer.available():
-        parser.error(f"PgBouncer is needed ({pgbouncer.BINARY}; apt-get install pgbouncer)")
-    tables.ensure_database(dsn)
-
-    import django
-
-    django.setup()
-    from django.core.management import call_command
-
-    call_command("migrate", database="default", verbosity=0)
+        args_parser.error(f"PgBouncer is needed ({pgbouncer.BINARY}; apt-get install pgbouncer)")
+    common.setup_django("default")
     size_name = "smoke" if args.smoke else "quick" if args.quick else "full"
     ctx = Context(dsn=dsn, sizes=SIZES[size_name], log=lambda s: print(s, flush=True))
     host, port = urlparse(dsn).hostname or "127.0.0.1", urlparse(dsn).port or 5432
     # Fewer server connections than clients in transaction pooling, as in production.
     session = pgbouncer.PgBouncer("session", server_host=host, server_port=port, pool_size=30)
     transaction = pgbouncer.PgBouncer("transaction", server_host=host, server_port=port, pool_size=4)
-    results: Json = {"mode": size_name, "environment": {**figures.environment(dsn), "before": machine()}}
-    out: Json = results.setdefault("figures", {})
+    results: Json = {"mode": size_name, "environment": figures.environment(dsn), "figures": {}}
+    out: Json = results["figures"]
     started = time.monotonic()
     try:
         paths = topologies(dsn, session, transaction)
-        if "latency" in only:
-            print("latency, idle worker ...", flush=True)
-            out["latency"] = latency(ctx, paths)
-        if "drain" in only:
-            print("drain ...", flush=True)
-            out["drain"] = drain(ctx, paths, reference=paths[0])
-        if "prepared" in only:
-            print("prepared statements behind transaction pooling ...", flush=True)
-            adaptive = next(t for t in paths if t.name == "transaction_listen")
-            out["prepared"] = drain(ctx, [unprepared(adaptive)], reference=adaptive)
+        print("latency, idle worker ...", flush=True)
+        out["latency"] = latency(ctx, paths)
+        print("drain ...", flush=True)
+        out["drain"] = drain(ctx, paths, reference=paths[0])
+        print("prepared statements behind transaction pooling ...", flush=True)
+        adaptive = next(t for t in paths if t.name == "transaction_listen")
+        out["prepared"] = drain(ctx, [unprepared(adaptive)], reference=adaptive)
     finally:
         session.stop()
         transaction.stop()
-    results["environment"]["after"] = machine()
+    results["environment"]["loadavg_after"] = [round(x, 2) for x in os.getloadavg()]
     results["seconds"] = time.monotonic() - started
     output = args.output or ROOT / "bench" / "results" / f"topology-{dt.datetime.now():%Y%m%d-%H%M%S}-{size_name}.json"
-    output.parent.mkdir(parents=True, exist_ok=True)
-    output.write_text(json.dumps(results, indent=2, default=str))
+    write_json(output, results)
     print()
     print(render(results))
     print(f"\nwrote {output}")
@@ -489,31 +377,29 @@ def main(argv: list[str] | None = None) -> int:
 def render(results: Json) -> str:
     """Markdown: per topology, the latency beside its NOTIFY limit, and the drain rates beside direct."""
     f = results["figures"]
-    lines = [
-        "| topology | commit to handler p50 / p95 / p99 | NOTIFY alone p50 / p99 (same path) | p50 vs direct |",
-        "|---|---|---|---|",
-    ]
-    for lat in f.get("latency", {}).values():
-        limit = "none hears"
-        if "notify_p50_ms" in lat:
-            limit = f"{lat['notify_p50_ms']:.2f} / {lat['notify_p99_ms']:.2f} ms"
-        lines.append(
-            f"| {lat['label']} | {lat['p50_ms']:.1f} / {lat['p95_ms']:.1f} / {lat['p99_ms']:.1f} ms | {limit} |"
-            f" {lat['p50_ratio_to_direct']:.2f}x |"
+    rows: list[tuple[str, ...]] = []
+    for lat in f["latency"].values():
+        limit = (
+            f"{lat['notify_p50_ms']:.2f} / {lat['notify_p99_ms']:.2f} ms" if "notify_p50_ms" in lat else "none hears"
         )
+        ms = f"{lat['p50_ms']:.1f} / {lat['p95_ms']:.1f} / {lat['p99_ms']:.1f} ms"
+        rows.append((lat["label"], ms, limit, f"{lat['p50_ratio_to_direct']:.2f}x"))
+    header: tuple[str, ...] = (
+        "topology",
+        "commit to handler p50 / p95 / p99",
+        "NOTIFY alone p50 / p99 (same path)",
+        "p50 vs direct",
+    )
+    tables_ = [markdown(header, rows)]
     for key in ("drain", "prepared"):
-        if key not in f:
-            continue
-        header = "| processes | msg/s (first claim on) | msg/s from commit | ratio | duplicates |"
-        lines += ["", f"| {key}: topology " + header]
-        lines.append("|---|---|---|---|---|---|")
+        rows = []
         for processes, by in f[key]["by_processes"].items():
             for d in by.values():
-                lines.append(
-                    f"| {d['label']} | {processes} | {d['per_s']:,.0f} | {d['per_s_from_commit']:,.0f} |"
-                    f" {d['ratio']:.2f}x | {d['duplicates']} |"
-                )
-    return "\n".join(lines)
+                rates = f"{d['per_s']:,.0f}", f"{d['per_s_from_commit']:,.0f}", f"{d['ratio']:.2f}x"
+                rows.append((d["label"], processes, *rates, str(d["duplicates"])))
+        header = (f"{key}: topology", "processes", "msg/s (first claim on)", "msg/s from commit", "ratio", "duplicates")
+        tables_.append(markdown(header, rows))
+    return "\n\n".join(tables_)
 
 
 if __name__ == "__main__":
