@@ -66,7 +66,7 @@ SCRIPTS: dict[str, Script] = {
         "bench/keyed_drain.py",
         "--json",
         mariadb=True,
-        quick="--messages 6000 --backlogs 1000,10000 --cut 60",
+        quick="--messages 20000 --backlogs 1000,10000 --cut 90",
         smoke="--messages 300 --keys 0,5,1 --reps 1 --backlogs 1000 --cut 30",
     ),
     "brokers": Script(
@@ -88,7 +88,7 @@ SCRIPTS: dict[str, Script] = {
     "autovacuum": Script(
         "bench/autovacuum.py",
         "--json",
-        quick="--history 200000 --seconds 60 --reps 1",
+        quick="--history 1000000 --seconds 180 --reps 1",
         smoke="--history 20000 --rate 100 --seconds 10 --reps 1",
     ),
     "admin": Script(
