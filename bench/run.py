@@ -11,7 +11,8 @@ on). docs/performance.md says what each figure is. It creates, migrates and empt
 DATABASE_URL (and ``<name>_<section>`` beside it): point it at one of its own. ``--smoke`` runs in seconds
 (CI: the harness still works; its figures mean nothing). The ``mariadb`` section runs in ``MARIADB_URL``
 (default ``bench.mariadb.DEFAULT_URL``); with no MariaDB there it is skipped, unless named or ``CI=true``.
-Unless ``--smoke``, the drain figures are drawn into ``--plot`` by bench/plot.py.
+It prints docs/performance.md's table (bench/table.py). Unless ``--smoke``, the drain figures are drawn
+into ``--plot`` by bench/plot.py.
 """
 
 from __future__ import annotations
@@ -29,10 +30,9 @@ from typing import Any
 
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
-os.environ.setdefault("DATABASE_URL", "postgres://postgres@127.0.0.1:5432/bench_outbox")
-os.environ["DJANGO_SETTINGS_MODULE"] = "bench.settings"
 
-from bench.common import markdown, parser, write_json  # noqa: E402
+from bench import table  # noqa: E402
+from bench.common import parser, write_json  # noqa: E402
 
 DEFAULT_COMPARE_PYTHON = ROOT / "bench" / ".venv-compare" / "bin" / "python"
 DJANGO6_PYTHON = ROOT / ".venv-django6" / "bin" / "python"
@@ -116,6 +116,8 @@ SECTIONS = (
 
 
 def main(argv: list[str] | None = None) -> int:
+    os.environ.setdefault("DATABASE_URL", "postgres://postgres@127.0.0.1:5432/bench_outbox")
+    os.environ["DJANGO_SETTINGS_MODULE"] = "bench.settings"
     args_parser = parser(__doc__)
     mode = args_parser.add_mutually_exclusive_group()
     mode.add_argument("--quick", action="store_true", help="smaller sizes: a few minutes")
@@ -218,7 +220,7 @@ def main(argv: list[str] | None = None) -> int:
     results["seconds"], results["notes"] = time.monotonic() - started, ctx.notes
     write_json(output, results)
     print()
-    print(render(results))
+    print(table.render(results))
     print(f"\nwrote {output}")
     if "drain" in out and not args.smoke:
         from bench import plot
@@ -255,171 +257,6 @@ def run_script(script: Script, section: str, size_name: str, *, dsn: str, with_m
 def _rate(out: dict[str, Any]) -> float:
     one = out.get("drain", {}).get("by_processes", {}).get("1")
     return float(one["outbox_per_s"]) if one else 5000.0
-
-
-#: Table rows by figure: cells split at " | ", filled from the figure (``met``: whether its target is met).
-ROWS = {
-    "send": (
-        "a. send() in a one-row business transaction | {send_us_per_tx:.0f} µs/tx"
-        " | {minimal_us_per_tx:.0f} µs/tx (+1 INSERT, minimal table)"
-        " | {hand_written_us_per_tx:.0f} µs/tx (+INSERT+NOTIFY, own table) | {ratio_to_floor:.2f}x of the floor"
-        " | <= 1.1x, aim 1.05x {met}",
-        "a. same, OUTBOX NOTIFY off | {send_no_notify_us_per_tx:.0f} µs/tx | | "
-        " | {ratio_to_floor_no_notify:.2f}x of the floor | ",
-        "a. vs the transaction without a message | {ratio:.2f}x | {ratio_minimal:.2f}x | {ratio_hand_written:.2f}x"
-        " | added cost {added_cost_vs_minimal:.2f}x the minimal INSERT's | ",
-    ),
-    "send_batch": (
-        "a. 100 messages in one transaction vs 1 ({api}) | {send_100_us:.0f} vs {send_1_us:.0f} µs/tx"
-        " | {floor_100_us:.0f} vs {floor_1_us:.0f} µs/tx (one INSERT of 100) | "
-        " | {ratio:.2f}x (floor {floor_ratio:.2f}x) | <= 2x {met}",
-    ),
-    "drain": (
-        "b. drain, {processes} process(es), N={messages:,} | {outbox_per_s:,.0f} msg/s | {minimal_per_s:,.0f} msg/s"
-        " | {baseline_per_s:,.0f} msg/s ({same_table_to_minimal:.2f}x minimal)"
-        " | **{ratio:.2f}x** minimal, {ratio_same_table:.2f}x same-table | >= 0.5x, aim 0.8x {met}",
-    ),
-    "drain_one_thread": (
-        "b. same, {processes} process, --concurrency 1 | {one_thread_per_s:,.0f} msg/s | | "
-        " | {ratio_one_thread:.2f}x minimal | ",
-    ),
-    "latency": (
-        "c. commit to handler, unkeyed, {label} | p50 {u[p50_ms]:.1f} / p99 {u[p99_ms]:.1f} / max {u[max_ms]:.0f} ms"
-        " | p50 {m[p50_ms]:.1f} / p99 {m[p99_ms]:.1f} ms (LISTEN) | | p50 {unkeyed_p50_to_minimal:.1f}x minimal"
-        " | {target_unkeyed}",
-        "c. split, unkeyed, {label}: COMMIT itself / COMMIT's return to handler"
-        " | p50 {u[commit_p50_ms]:.1f} / {u[after_commit_p50_ms]:.1f} ms"
-        " (p99 {u[commit_p99_ms]:.1f} / {u[after_commit_p99_ms]:.1f})"
-        " | p50 {m[commit_p50_ms]:.1f} / {m[after_commit_p50_ms]:.1f} ms"
-        " (p99 {m[commit_p99_ms]:.1f} / {m[after_commit_p99_ms]:.1f}) | | | ",
-        "c. commit to handler, keyed, {label} | p50 {k[p50_ms]:.1f} / p99 {k[p99_ms]:.1f} / max {k[max_ms]:.0f} ms"
-        " | | | keyed/unkeyed p50 {keyed_p50_ratio:.1f}x, p99 {keyed_p99_ratio:.1f}x | {target_keyed}",
-    ),
-    "latency_sqlite": (
-        "c. commit to handler, SQLite, polling (poll {poll_interval_s:.1f}s) | p50 {p50_ms:.1f} / p99 {p99_ms:.1f} ms"
-        " | | | | ",
-    ),
-    "enqueue": (
-        "c. enqueue, {producers} producer process(es), NOTIFY on | {send_per_s:,.0f} tx/s"
-        " | {floor_notify_per_s:,.0f} tx/s (+INSERT+pg_notify) | | {ratio_notify:.2f}x | >= 0.9x {met_notify}",
-        "c. enqueue, {producers} producer process(es), NOTIFY off | {send_quiet_per_s:,.0f} tx/s"
-        " | {floor_per_s:,.0f} tx/s (+INSERT) | | {ratio_quiet:.2f}x (floor with pg_notify: {notify_cost:.2f}x"
-        " this floor) | >= 0.9x {met_quiet}",
-    ),
-    "claim_cost": (
-        "d. claim 100, {small[history_rows]:,} -> {large[history_rows]:,} rows of history"
-        " | {small[claim_ms]:.2f} -> {large[claim_ms]:.2f} ms | | | {ratio:.2f}x in units of the reference"
-        " | <= 1.10x {met}",
-        "d. reference: 100 rows by primary key, same table | {small[reference_ms]:.2f} -> {large[reference_ms]:.2f} ms"
-        " | | | claim = {small[claim_over_reference]:.1f} -> {large[claim_over_reference]:.1f} references | ",
-        "d. record 100 outcomes, same | {small[record_ms]:.2f} -> {large[record_ms]:.2f} ms | | "
-        " | {record_ratio:.2f}x (raw) | ",
-    ),
-    "open_transaction": (
-        "d. drain with a {window_s:.0f}s open transaction | {held_per_s:,.0f} msg/s | "
-        " | {free_per_s:,.0f} msg/s without | {ratio:.2f}x | drop {drop_percent:.0f}%",
-    ),
-    "memory": (
-        "e. worker RSS, {messages:,} messages | {final:.1f} MiB at the end (max {max:.1f}) | "
-        " | {warm:.1f} MiB after warm-up | {growth_percent:+.1f}% | flat",
-    ),
-    "compare": ("peer: {name}, {processes} process(es) | {per_s:,.0f} jobs/s | | | {vs_minimal} | ",),
-    "mariadb_drain": (
-        "f. MariaDB drain, {processes} process(es), N={messages:,} (poll {poll_ms:.0f} ms) | {outbox_per_s:,.0f} msg/s"
-        " | {reference_per_s:,.0f} msg/s (two-statement relay, twin table)"
-        " | {same_table_per_s:,.0f} msg/s ({same_table_to_reference:.2f}x the twin's)"
-        " | **{ratio:.2f}x** reference, {ratio_same_table:.2f}x same-table | >= 0.5x, aim 0.8x {met}",
-    ),
-    "mariadb_one_thread": (
-        "f. same, {processes} process, --concurrency 1 | {one_thread_per_s:,.0f} msg/s | | "
-        " | {ratio_one_thread:.2f}x reference | ",
-    ),
-    "mariadb_send": (
-        "f. MariaDB send() in a one-row business transaction | {send_us_per_tx:.0f} µs/tx | "
-        " | {floor_us_per_tx:.0f} µs/tx (+1 hand-written INSERT, own table)"
-        " | {send_vs_floor:.2f}x of the floor (keyed {send_keyed_vs_floor_keyed:.2f}x) | <= 1.1x {met}",
-        "f. MariaDB, vs the transaction without a message | {send_vs_plain:.2f}x | | {floor_vs_plain:.2f}x | | ",
-    ),
-}
-LATENCY_PHASES = {
-    "idle": "no bench neighbour",
-    "busy": "busy neighbour database",
-    "idle_async": "no bench neighbour, sender's COMMIT not waiting for the disk",
-}
-
-
-def _met(ok: Any) -> str:
-    return "(met)" if ok else "(missed)"
-
-
-def render(results: dict[str, Any]) -> str:
-    """The results as a Markdown table: figure, project, minimal reference, same-table reference, ratio, target."""
-    f = results["figures"]
-    rows: list[list[str]] = []
-
-    def add(rows_of: str, figure: dict[str, Any], **extra: Any) -> None:
-        for template in ROWS[rows_of]:
-            rows.append(
-                [cell.strip() for cell in template.format(**figure, met=_met(figure.get("ok")), **extra).split("|")]
-            )
-
-    for name in ("send", "send_batch"):
-        if name in f:
-            add(name, f[name])
-    for processes, d in f.get("drain", {}).get("by_processes", {}).items():
-        add("drain", d, processes=processes, messages=f["drain"]["messages"])
-        if "ratio_one_thread" in d:
-            add("drain_one_thread", d, processes=processes)
-    if "latency_neighbour" in f:
-        lat = f["latency_neighbour"]
-        for phase, label in LATENCY_PHASES.items():
-            p = lat[phase]
-            targets = {"target_unkeyed": "", "target_keyed": ""}
-            if phase == "idle":
-                targets["target_unkeyed"] = f"p50 <= 2, p99 <= 5 {_met(lat['ok_idle'])}"
-            if phase == "busy":
-                targets["target_keyed"] = f"<= 2x / 3x {_met(lat['ok_keyed'])}"
-            add("latency", p, label=label, u=p["unkeyed"], k=p["keyed"], m=p["minimal"], **targets)
-    if "latency_sqlite" in f:
-        add("latency_sqlite", f["latency_sqlite"])
-    for producers, e in f.get("enqueue", {}).get("by_producers", {}).items():
-        add(
-            "enqueue",
-            e,
-            producers=producers,
-            met_notify=_met(e["ratio_notify"] >= 0.9),
-            met_quiet=_met(e["ratio_quiet"] >= 0.9),
-        )
-    for name in ("claim_cost", "open_transaction"):
-        if name in f:
-            add(name, f[name])
-    if "memory" in f:
-        m = f["memory"]
-        add(
-            "memory",
-            m,
-            final=m["rss_final_kib"] / 1024,
-            max=m["rss_max_kib"] / 1024,
-            warm=m["rss_after_warmup_kib"] / 1024,
-        )
-    for name, by in f.get("compare", {}).items():
-        for processes, c in by.items() if isinstance(by, dict) else ():
-            minimal = c.get("ratio_to_minimal")
-            add("compare", c, name=name, processes=processes, vs_minimal=f"{minimal:.3f}x minimal" if minimal else "")
-    if "mariadb" in f:
-        drain = f["mariadb"]["drain"]
-        for processes, d in drain["by_processes"].items():
-            add(
-                "mariadb_drain",
-                d,
-                processes=processes,
-                messages=drain["messages"],
-                poll_ms=drain["poll_interval_s"] * 1000,
-            )
-            if "one_thread_per_s" in d:
-                add("mariadb_one_thread", d, processes=processes)
-        add("mariadb_send", f["mariadb"]["send"])
-    return markdown(("figure", "project", "minimal reference", "same-table reference", "ratio", "target"), rows)
 
 
 if __name__ == "__main__":

@@ -82,17 +82,16 @@ def test_smoke_run_measures_every_figure(bench_dsn, tmp_path):
     # The server settings that move the figures are on record with them.
     server = results["environment"]["postgresql"]
     assert server["autovacuum"] in ("on", "off") and server["synchronous_commit"] and server["server_version"]
-    # The table the command prints names each figure.
+    # The command prints docs/performance.md's table: a row for each figure, naming its section.
     for row in (
-        "a. send()",
-        "b. drain",
-        "--concurrency 1",
-        "c. commit to handler, keyed, busy neighbour database",
-        "c. enqueue",
-        "minimal reference",
-        "d. claim 100",
-        "d. drain with",
-        "e. worker RSS",
+        "| `send()` in a one-row business transaction |",
+        "worker processes, 300 messages |",
+        "| commit to handler, idle worker, PostgreSQL `NOTIFY` |",
+        "| the same, keyed, a busy neighbour database on the server |",
+        "| enqueue: ",
+        "| claim of 100, ",
+        "| drain while a transaction stays open elsewhere",
+        "| worker memory (RSS) over 500 messages |",
     ):
         assert row in run.stdout
 
@@ -139,7 +138,7 @@ def test_smoke_run_measures_mariadb(bench_dsn, bench_mariadb_dsn, tmp_path):
     systems = {"outbox", "outbox_one_thread", "reference", "same_table"}
     assert rounds and all(set(r) == systems and min(r.values()) > 0 for r in rounds)
     assert maria["send"]["send_us_per_tx"] > 0 and maria["send"]["floor_us_per_tx"] > 0
-    for row in ("f. MariaDB drain, 1 process(es)", "two-statement relay", "--concurrency 1", "f. MariaDB send()"):
+    for row in ("| MariaDB drain, 1 worker processes", "the two-statement relay", "| MariaDB `send()` in"):
         assert row in run.stdout
 
 
