@@ -135,14 +135,13 @@ def claim_sql(
     On PostgreSQL "due" and the lease's end are the server's ``statement_timestamp()`` (plus the lease's
     seconds): a worker whose clock is off neither claims early nor leases for minutes too long or short.
     """
-    topic_sql, params = topic_filter(topics)
-    topic_params: list[Any] = list(params)
     pg = is_pg(conn)
     if ids is None:
         return _runs_sql(conn, pg, worker=worker, limit=limit, lease_seconds=lease_seconds, topics=topics)
-    if ids is not None:  # one parameter whatever the count: one text, one prepared statement
-        topic_sql += " AND c.id = ANY(%s)" if pg else " AND c.id IN (SELECT value FROM json_each(%s))"
-        topic_params = [*topic_params, [int(i) for i in ids] if pg else json.dumps([int(i) for i in ids])]
+    topic_sql, params = topic_filter(topics)
+    # one parameter whatever the count of ids: one text, one prepared statement
+    topic_sql += " AND c.id = ANY(%s)" if pg else " AND c.id IN (SELECT value FROM json_each(%s))"
+    topic_params = [*params, [int(i) for i in ids] if pg else json.dumps([int(i) for i in ids])]
     sql = _claim_text(pg, topic_sql, blocking_statuses(), int(limit) if pg else None)
     if pg:
         return sql, [*topic_params, worker, float(lease_seconds)]
@@ -387,7 +386,7 @@ def _claim_once(
             after_key=key_cursor(worker),
             bound=keys_per_claim(limit),
         )
-    if is_mysql(conn):  # two statements in one short transaction (store.mysql)
+    if is_mysql(conn) and ids is not None:  # the ids named: two statements in one short transaction
         topic_sql, topic_params = _mysql_filter(topics, ids)
         return mysql.claim(
             alias,
@@ -410,14 +409,11 @@ def _claim_once(
     return to_messages(alias, conn, rows)
 
 
-def _mysql_filter(topics: Sequence[str] | None, ids: Sequence[int] | None) -> tuple[str, list[Any]]:
+def _mysql_filter(topics: Sequence[str] | None, ids: Sequence[int]) -> tuple[str, list[Any]]:
     topic_sql, params = topic_filter(topics, column="c.topic", escape=mysql.LIKE_ESCAPE)
-    topic_params: list[Any] = list(params)
-    if ids is not None:
-        wanted = [int(i) for i in ids]
-        topic_sql += f" AND c.id IN ({', '.join(['%s'] * len(wanted))})" if wanted else " AND FALSE"
-        topic_params += wanted
-    return topic_sql, topic_params
+    wanted = [int(i) for i in ids]
+    topic_sql += f" AND c.id IN ({', '.join(['%s'] * len(wanted))})" if wanted else " AND FALSE"
+    return topic_sql, [*params, *wanted]
 
 
 _PLAN_AS_A_WALK = (

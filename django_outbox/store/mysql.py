@@ -100,18 +100,10 @@ def refuse_deep_json(what: str, encoded: str, *, caller: str = "outbox.send()") 
         )
 
 
-#: Takes a key's lock row (``lock_key()``).
+#: Takes a key's lock row and holds it to the end of the transaction (see the module's docstring):
+#: ``ON DUPLICATE KEY UPDATE`` of a row to its own value takes the row's exclusive lock without an error,
+#: whether the row was there or not; a second producer of the key waits for the first to end.
 LOCK_KEY_SQL = f"INSERT INTO {KEY_LOCK} (`key`) VALUES (%s) ON DUPLICATE KEY UPDATE `key` = `key`"
-
-
-def lock_key(conn: BaseDatabaseWrapper, key: str) -> None:
-    """Hold ``key``'s lock row until the caller's transaction ends (see the module's docstring).
-
-    ``ON DUPLICATE KEY UPDATE`` of a row to its own value takes the row's exclusive lock without an error,
-    whether the row was there or not; a second producer of the key waits here for the first to end.
-    """
-    with conn.cursor() as cursor:
-        cursor.execute(LOCK_KEY_SQL, [key])
 
 
 #: What a message's times are in its ``INSERT``, and what comes back with its id, by how it is scheduled:

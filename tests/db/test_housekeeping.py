@@ -276,6 +276,56 @@ def test_a_failing_housekeeping_round_is_reported_and_the_next_one_runs(monkeypa
     assert "ok" in rounds and not thread.is_alive()
 
 
+def test_a_round_the_database_refused_is_a_warning_without_a_traceback_and_the_next_round_runs(monkeypatch):
+    """A database error (a lock that ran out, a server restarting) is the usual way a round fails: it is
+    counted and said in one line, not as a crash with its traceback; the round after it does its work."""
+    import logging
+
+    from django.db import OperationalError
+
+    from django_outbox.models import Worker
+    from django_outbox.worker import Relay, RelayConfig
+
+    real_run = housekeeping.run
+    refused = threading.Event()
+    refused.set()
+
+    def refusing_run(alias, **kwargs):
+        if refused.is_set():
+            raise OperationalError("canceling statement due to lock timeout")
+        return real_run(alias, **kwargs)
+
+    monkeypatch.setattr(housekeeping, "run", refusing_run)
+    records: list[logging.LogRecord] = []
+    handler = logging.Handler()
+    handler.emit = records.append
+    relay_logger = logging.getLogger("django_outbox.relay")
+    relay_logger.addHandler(handler)
+    level = relay_logger.level
+    relay_logger.setLevel(logging.WARNING)  # the test settings log errors only
+    relay = Relay(
+        RelayConfig.from_settings(poll_interval=0.05, notify=False, housekeeping_interval=0.2, lease_seconds=1)
+    )
+    thread = threading.Thread(target=relay.run, daemon=True)
+    thread.start()
+    try:
+        wait_for(lambda: Worker.objects.filter(housekeeping_failures__gte=1).exists(), timeout=30)
+        assert "lock timeout" in Worker.objects.get().housekeeping_error
+        said = [r for r in records if "housekeeping could not run" in r.getMessage()]
+        assert said and "lock timeout" in said[0].getMessage()
+        assert all(r.exc_info is None for r in said), "a database error is one line, without a traceback"
+        assert not any("housekeeping round failed" in r.getMessage() for r in records)
+        message = finished("delivered", dt.timedelta(hours=2))
+        refused.clear()
+        wait_for(lambda: ArchivedMessage.objects.filter(pk=message.pk).exists(), timeout=30)
+    finally:
+        relay.stop()
+        thread.join(15)
+        relay_logger.removeHandler(handler)
+        relay_logger.setLevel(level)
+    assert not thread.is_alive()
+
+
 def test_a_late_record_for_a_message_archived_meanwhile_keeps_every_attempt():
     """Frozen worker, reap, cancel, archive, resume: the late record writes each attempt somewhere."""
     from django_outbox import store

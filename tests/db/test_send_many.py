@@ -878,3 +878,37 @@ def test_a_batch_takes_a_bounded_amount_of_memory_per_item(server_database: None
     assert len(sent) == count == Message.objects.count()
     assert [m.payload["n"] for m in sent[:3]] == [0, 1, 2] and sent[-1].payload == {"n": count - 1}
     assert peak < 4_000 * count, f"{peak / count:.0f} bytes an item at the peak"
+
+
+@pytest.fixture
+def without_insert_returning(mysql: None, monkeypatch: pytest.MonkeyPatch) -> None:
+    """MySQL's ``INSERT`` returns no columns: MariaDB's server, with Django told it cannot either."""
+    monkeypatch.setattr(connection.features, "can_return_columns_from_insert", False)
+
+
+def test_without_insert_returning_a_batch_is_written_row_by_row_in_its_order(without_insert_returning: None):
+    first = outbox.send("probe.created", {"n": 1}, idempotency_key="once")
+    items = [{"topic": "probe.created", "payload": {"n": n}, "key": f"k{n % 3}"} for n in range(5)]
+    items.append({"topic": "probe.created", "payload": {"n": 1}, "idempotency_key": "once"})
+    with CaptureQueriesContext(connection) as queries, transaction.atomic():
+        sent = outbox.send_many(items)
+    assert len(inserts(queries)) == 5, "one INSERT per new item; the stored key's message is read, not written"
+    assert sent[-1].pk == first.pk, "a stored idempotency key returns the stored message"
+    stored = Message.objects.exclude(pk=first.pk).order_by("id")
+    assert [m.payload for m in stored] == [{"n": n} for n in range(5)]
+    assert [m.pk for m in stored] == [m.pk for m in sent[:-1]]
+
+
+def test_without_insert_returning_a_conflicting_key_takes_the_whole_batch_back(without_insert_returning: None):
+    outbox.send("probe.created", {"n": 1}, idempotency_key="once")
+    with transaction.atomic():
+        with pytest.raises(IdempotencyConflictError):
+            outbox.send_many(
+                [
+                    {"topic": "probe.created", "payload": {"n": 0}, "key": "K"},
+                    {"topic": "probe.created", "payload": {"n": 2}, "idempotency_key": "once"},
+                ]
+            )
+        Order.objects.create(customer_email="a@example.com", item="after")  # the transaction goes on
+    assert Message.objects.count() == 1
+    assert Order.objects.count() == 1
