@@ -137,3 +137,50 @@ def _groups(routes: Sequence[pipeline_module.Route]) -> list[tuple[int, int]]:
 def test_consecutive_messages_of_a_batching_transport_form_one_group():
     unknown = LookupError("no route")
     assert _groups(["a", "a", "b", "b", unknown, "a", "a"]) == [(0, 2), (2, 3), (3, 4), (4, 5), (5, 7)]
+
+
+def test_an_outcome_whose_lease_was_lost_meanwhile_is_counted_said_and_not_announced(handler):
+    """Another worker took the message over while this one delivered (its lease ran out and was reaped):
+    this worker's outcome does not change the message, it counts as a lost lease, the log says so, the
+    audit keeps the attempt, and no signal claims a delivery the table does not hold."""
+    import logging
+
+    from django_outbox import signals
+
+    def taken_over_meanwhile(message: Message) -> None:
+        Message.objects.filter(pk=message.pk).update(locked_by="another-worker")
+
+    handler("p.taken", taken_over_meanwhile)
+    handler("p.ok", lambda m: None)
+    taken, ok = outbox.send("p.taken", {}), outbox.send("p.ok", {})
+    config = RelayConfig.from_settings(notify=False)
+    stats = Stats()
+    announced: list[int] = []
+
+    def on_delivered(sender, message, **kwargs):
+        announced.append(message.pk)
+
+    records: list[logging.LogRecord] = []
+    log_handler = logging.Handler()
+    log_handler.emit = records.append
+    relay_logger = logging.getLogger("django_outbox.relay")
+    level = relay_logger.level
+    relay_logger.addHandler(log_handler)
+    relay_logger.setLevel(logging.WARNING)  # the test settings log errors only
+    signals.message_delivered.connect(on_delivered)
+    transports = TransportSet()
+    try:
+        Pipeline(config, stats).process(claimed(config), transports)
+    finally:
+        transports.close()
+        signals.message_delivered.disconnect(on_delivered)
+        relay_logger.removeHandler(log_handler)
+        relay_logger.setLevel(level)
+    assert (stats.lost_leases, stats.delivered) == (1, 1)
+    assert announced == [ok.pk]
+    said = [r.getMessage() for r in records if "lease lost" in r.getMessage()]
+    assert said == [f"lease lost for p.taken #{taken.pk} (attempt 1) before its outcome was recorded"]
+    taken.refresh_from_db()
+    assert taken.status == Message.Status.PROCESSING and taken.locked_by == "another-worker"
+    (attempt,) = taken.attempt_log.all()  # the audit keeps the attempt, marked as made without the lease
+    assert "lease lost before this outcome was recorded" in attempt.error
