@@ -12,6 +12,7 @@ from django_outbox.routing import resolve_transport
 from django_outbox.transports.registry import TransportSet
 from django_outbox.worker import Pipeline, RelayConfig, Stats
 from django_outbox.worker import pipeline as pipeline_module
+from tests.support import logs
 from tests.support.factories import MessageFactory
 
 pytestmark = pytest.mark.django_db(transaction=True)
@@ -143,8 +144,6 @@ def test_an_outcome_whose_lease_was_lost_meanwhile_is_counted_said_and_not_annou
     """Another worker took the message over while this one delivered (its lease ran out and was reaped):
     this worker's outcome does not change the message, it counts as a lost lease, the log says so, the
     audit keeps the attempt, and no signal claims a delivery the table does not hold."""
-    import logging
-
     from django_outbox import signals
 
     def taken_over_meanwhile(message: Message) -> None:
@@ -160,22 +159,14 @@ def test_an_outcome_whose_lease_was_lost_meanwhile_is_counted_said_and_not_annou
     def on_delivered(sender, message, **kwargs):
         announced.append(message.pk)
 
-    records: list[logging.LogRecord] = []
-    log_handler = logging.Handler()
-    log_handler.emit = records.append
-    relay_logger = logging.getLogger("django_outbox.relay")
-    level = relay_logger.level
-    relay_logger.addHandler(log_handler)
-    relay_logger.setLevel(logging.WARNING)  # the test settings log errors only
     signals.message_delivered.connect(on_delivered)
     transports = TransportSet()
     try:
-        Pipeline(config, stats).process(claimed(config), transports)
+        with logs.captured() as records:
+            Pipeline(config, stats).process(claimed(config), transports)
     finally:
         transports.close()
         signals.message_delivered.disconnect(on_delivered)
-        relay_logger.removeHandler(log_handler)
-        relay_logger.setLevel(level)
     assert (stats.lost_leases, stats.delivered) == (1, 1)
     assert announced == [ok.pk]
     said = [r.getMessage() for r in records if "lease lost" in r.getMessage()]
