@@ -1,6 +1,7 @@
-"""Each figure of docs/performance.md, measured in the harness process (Django on ``bench.settings``)
-beside its reference in the same run, their repetitions interleaved so that the shared machine's drift
-hits both."""
+"""The figures of docs/performance.md that the harness measures in its own process (Django on ``bench.settings``):
+each beside its reference in the same run (the hand-written floor of ``send()``, the relays of
+bench/minimal_relay.py and bench/baseline_relay.py), their repetitions interleaved so that the shared
+machine's drift hits both."""
 
 from __future__ import annotations
 
@@ -11,32 +12,16 @@ import random
 import sys
 import tempfile
 import time
-from collections.abc import Callable
+from collections import defaultdict
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 from urllib.parse import urlparse
 
 import psycopg
 
-from . import procs, tables
-from .common import (
-    Json,
-    business_transaction,
-    execute,
-    interleaved,
-    median,
-    medians,
-    order_payload,
-    per_transaction,
-    percentile,
-    rotated,
-    sql,
-)
-from .common import ratio as _ratio
-from .minimal_relay import CREATE as MINIMAL_CREATE
-from .minimal_relay import FILL as MINIMAL_FILL
-from .minimal_relay import INSERT_MANY, INSERT_ONE
-from .minimal_relay import TABLE as MINIMAL_TABLE
+from . import common, minimal_relay, procs, tables
+from .common import Json, execute, median, medians, ratio
 
 
 @dataclass(kw_only=True)
@@ -109,10 +94,30 @@ class Context:
     notes: list[str] = field(default_factory=list)
     minimal_made: bool = False
 
-    @property
-    def compare_dsn(self) -> str:
+    def beside(self, suffix: str) -> str:
+        """The DSN of the database ``<name><suffix>`` on the same server."""
         parsed = urlparse(self.dsn)
-        return parsed._replace(path=parsed.path + "_compare").geturl()
+        return parsed._replace(path=parsed.path + suffix).geturl()
+
+
+def ensure_minimal(ctx: Context) -> None:
+    """Create the minimal twin table once per run, from the project's table as it is now."""
+    if not ctx.minimal_made:
+        with tables.connect(ctx.dsn) as conn:
+            for statement in minimal_relay.CREATE:
+                conn.execute(statement)
+        ctx.minimal_made = True
+
+
+def outbox_settings(**changes: Any) -> Any:
+    from django.conf import settings
+    from django.test import override_settings
+
+    return override_settings(OUTBOX={**settings.OUTBOX, **changes})
+
+
+def _log(ctx: Context, label: str, values: Json, unit: str) -> None:
+    ctx.log(f"  {label}: " + ", ".join(f"{k} {v:,.1f} {unit}" for k, v in values.items()))
 
 
 # --- a. send() overhead -----------------------------------------------------------------------
@@ -126,68 +131,60 @@ HAND_WRITTEN_SEND = (
 )
 
 
-def outbox_settings(**changes: Any) -> Any:
-    from django.conf import settings
-    from django.test import override_settings
+def _send_reps(
+    ctx: Context, n: int, write: Callable[[str, Any], None], *modes: str, quiet: Sequence[str] = ()
+) -> list[Json]:
+    """A warm-up round, then ``send_reps`` rounds of µs per business transaction with ``write(mode, order)``,
+    the modes interleaved one transaction at a time; each followed by the ``quiet`` modes with NOTIFY off
+    (``<mode>_no_notify``)."""
 
-    return override_settings(OUTBOX={**settings.OUTBOX, **changes})
+    def run(modes: Sequence[str]) -> dict[str, float]:
+        return common.per_transaction(
+            modes, n, lambda mode, i: common.business_transaction(i, lambda o: write(mode, o))
+        )
 
-
-def send_overhead(ctx: Context) -> Json:
-    """Per-transaction times with and without ``send()``, the kinds interleaved one transaction at a time.
-
-    The floor (``minimal``) is the same business transaction plus one hand-written ``INSERT`` of the row
-    into the minimal twin table; beside it the row and NOTIFY by hand into the project's own table
-    (``hand_written``) and a second business row through the ORM (``second_row``).
-    """
-    from django_outbox import outbox
-
-    ensure_minimal(ctx)
-
-    def write(mode: str, order: Any) -> None:
-        payload = order_payload(order)
-        if mode == "send":
-            outbox.send("bench.noop", payload)
-        elif mode == "minimal":
-            execute(INSERT_ONE, [json.dumps(payload)])
-        elif mode == "hand_written":
-            execute(HAND_WRITTEN_SEND, [json.dumps(payload)])
-        elif mode == "second_row":
-            type(order).objects.create(customer_email="buyer@example.com", item="book", quantity=order.quantity)
-
-    def run(modes: list[str]) -> dict[str, float]:
-        one = lambda mode, i: business_transaction(i, lambda order: write(mode, order))  # noqa: E731
-        return per_transaction(modes, ctx.sizes.send_transactions, one)
-
-    modes = ["plain", "send", "minimal", "hand_written", "second_row"]
-    run(modes)  # warm-up: connections, caches, plans
+    run(modes)  # connections, caches, plans
     reps: list[Json] = []
     for _ in range(ctx.sizes.send_reps):
         times = run(modes)
-        with outbox_settings(NOTIFY=False):
-            quiet = run(["plain", "send", "minimal"])
-        times["plain_2"], times["send_no_notify"], times["minimal_2"] = quiet["plain"], quiet["send"], quiet["minimal"]
+        if quiet:
+            with outbox_settings(NOTIFY=False):
+                times |= {f"{mode}_no_notify": t for mode, t in run(quiet).items()}
         reps.append(times)
-        ctx.log("  send: " + ", ".join(f"{k} {v:.0f} µs" for k, v in times.items()))
+        _log(ctx, "µs per transaction", times, "")
+    return reps
 
-    def added(reference: str) -> float:
-        return median([(r["send"] - r["plain"]) / (r[reference] - r["plain"]) for r in reps])
 
-    floor_ratio = _ratio(reps, "send", "minimal")
-    kinds = ("plain", "send", "minimal", "hand_written", "second_row", "send_no_notify")
+def send_overhead(ctx: Context) -> Json:
+    """µs per one-row business transaction: with ``send()``; with the floor, one hand-written ``INSERT`` into
+    the minimal twin table; with the row and NOTIFY written by hand into the project's table; with nothing.
+    Then ``send()`` and the floor again with NOTIFY off."""
+    from django_outbox import outbox
+
+    ensure_minimal(ctx)
+    writes: dict[str, Callable[[Json], object]] = {
+        "plain": lambda payload: None,
+        "send": lambda payload: outbox.send("bench.noop", payload),
+        "minimal": lambda payload: execute(minimal_relay.INSERT_ONE, [json.dumps(payload)]),
+        "hand_written": lambda payload: execute(HAND_WRITTEN_SEND, [json.dumps(payload)]),
+    }
+
+    def write(mode: str, order: Any) -> None:
+        writes[mode](common.order_payload(order))
+
+    n = ctx.sizes.send_transactions
+    reps = _send_reps(ctx, n, write, *writes, quiet=("send", "minimal"))
+    floor_ratio = ratio(reps, "send", "minimal")
     return {
-        "transactions": ctx.sizes.send_transactions,
-        **medians(reps, kinds, "_us_per_tx"),
-        "ratio": _ratio(reps, "send", "plain"),
-        "ratio_minimal": _ratio(reps, "minimal", "plain"),
-        "ratio_hand_written": _ratio(reps, "hand_written", "plain"),
-        "ratio_second_row": _ratio(reps, "second_row", "plain"),
-        "ratio_no_notify": _ratio(reps, "send_no_notify", "plain_2"),
+        "transactions": n,
+        **medians(reps, [*writes, "send_no_notify"], "_us_per_tx"),
+        "ratio": ratio(reps, "send", "plain"),
+        "ratio_minimal": ratio(reps, "minimal", "plain"),
+        "ratio_hand_written": ratio(reps, "hand_written", "plain"),
         "ratio_to_floor": floor_ratio,  # the target's figure
-        "ratio_to_floor_no_notify": _ratio(reps, "send_no_notify", "minimal_2"),
-        # send()'s added cost over the minimal statement's added cost: 1.0 is the hand-written limit
-        "added_cost_vs_minimal": added("minimal"),
-        "added_cost_vs_hand_written": added("hand_written"),
+        "ratio_to_floor_no_notify": ratio(reps, "send_no_notify", "minimal_no_notify"),
+        # send()'s added cost over the floor's: 1.0 is the hand-written limit
+        "added_cost_vs_minimal": median([(r["send"] - r["plain"]) / (r["minimal"] - r["plain"]) for r in reps]),
         "target": "send <= 1.1x the floor (aim 1.05x)",
         "ok": floor_ratio <= 1.1,
         "reps": reps,
@@ -200,45 +197,30 @@ def send_batch(ctx: Context) -> Json:
     from django_outbox import outbox
 
     ensure_minimal(ctx)
-    n = max(4, ctx.sizes.send_transactions // 5)
 
     def write(mode: str, order: Any) -> None:
-        payloads = [{"order_id": order.pk, "item": order.item, "n": j} for j in range(100 if "100" in mode else 1)]
+        payloads = [{"order_id": order.pk, "item": order.item, "n": j} for j in range(int(mode.split("_")[1]))]
         if mode.startswith("send"):
             outbox.send_many([{"topic": "bench.noop", "payload": p} for p in payloads])
         elif len(payloads) == 1:
-            execute(INSERT_ONE, [json.dumps(payloads[0])])
+            execute(minimal_relay.INSERT_ONE, [json.dumps(payloads[0])])
         else:
-            execute(INSERT_MANY, [[json.dumps(p) for p in payloads]])
+            execute(minimal_relay.INSERT_MANY, [[json.dumps(p) for p in payloads]])
 
-    modes = ["send_1", "send_100", "floor_1", "floor_100"]
-    reps: list[Json] = []
-    for rep in range(ctx.sizes.send_reps + 1):
-        times = per_transaction(modes, n, lambda mode, i: business_transaction(i, lambda o: write(mode, o)))
-        if rep:  # the first is the warm-up
-            reps.append(times)
-            ctx.log("  batch: " + ", ".join(f"{k} {v:.0f} µs" for k, v in times.items()))
-    ratio = _ratio(reps, "send_100", "send_1")
+    modes = ("send_1", "send_100", "floor_1", "floor_100")
+    n = max(4, ctx.sizes.send_transactions // 5)
+    reps = _send_reps(ctx, n, write, *modes)
+    batch_ratio = ratio(reps, "send_100", "send_1")
     return {
         "api": "send_many",
         "transactions": n,
         **medians(reps, modes, "_us"),
-        "ratio": ratio,
-        "floor_ratio": _ratio(reps, "floor_100", "floor_1"),
-        "ratio_100_to_floor_100": _ratio(reps, "send_100", "floor_100"),
+        "ratio": batch_ratio,
+        "floor_ratio": ratio(reps, "floor_100", "floor_1"),
         "target": "100 in one transaction <= 2x one",
-        "ok": ratio <= 2.0,
+        "ok": batch_ratio <= 2.0,
         "reps": reps,
     }
-
-
-def ensure_minimal(ctx: Context) -> None:
-    """Create the minimal twin table once per run, from the project's table as it is now."""
-    if not ctx.minimal_made:
-        with tables.connect(ctx.dsn) as conn:
-            for statement in MINIMAL_CREATE:
-                conn.execute(statement)
-        ctx.minimal_made = True
 
 
 # --- b. drain throughput ----------------------------------------------------------------------
@@ -252,7 +234,7 @@ class System:
     start: Callable[[Context], procs.Proc]
     ready: str | Callable[[Context, list[procs.Proc]], None]  # a line each worker prints, or a wait
     reset: tuple[str, ...]
-    fill: Callable[[Context, int], float]
+    fill: Callable[[Context, int], float]  # commits a backlog of n; the time after the commit
     busy: str  # whether anything is left to drain
     dsn: Callable[[Context], str] = lambda ctx: ctx.dsn  # where its table is
     seconds_per_message: float = 0.01  # how long it may take at most (and two minutes)
@@ -267,8 +249,8 @@ def _minimal_fill(ctx: Context, n: int) -> float:
     """Like :func:`tables.fill_pending`: one transaction, analyzed before it commits, one NOTIFY."""
     with tables.connect(ctx.dsn) as conn:
         with conn.transaction():
-            conn.execute(MINIMAL_FILL, {"n": n})
-            conn.execute(f"ANALYZE {MINIMAL_TABLE}")
+            conn.execute(minimal_relay.FILL, {"n": n})
+            conn.execute(f"ANALYZE {minimal_relay.TABLE}")
             conn.execute("SELECT pg_notify('bench_minimal', '')")
         return time.time()
 
@@ -284,38 +266,30 @@ OUTBOX_RESET = (
 OUTBOX_BUSY = busy_sql(tables.MESSAGE, "'pending', 'processing'")
 
 
-def _outbox_system(name: str, *options: str) -> System:
-    """``manage.py outbox_worker`` with batches of 100 and ``options``, on the outbox's own table."""
-    return System(
-        name=name,
-        start=lambda ctx: procs.outbox_worker(ctx.dsn, "--batch-size", "100", *options),
-        ready="relaying",
-        reset=OUTBOX_RESET,
-        fill=_outbox_fill,
-        busy=OUTBOX_BUSY,
-    )
+def _outbox(name: str, *options: str) -> System:
+    """``manage.py outbox_worker`` with batches of 100 and ``options``."""
+
+    def start(ctx: Context) -> procs.Proc:
+        return procs.outbox_worker(ctx.dsn, "--batch-size", "100", *options)
+
+    return System(name=name, start=start, ready="relaying", reset=OUTBOX_RESET, fill=_outbox_fill, busy=OUTBOX_BUSY)
 
 
-OUTBOX = _outbox_system("outbox")
-#: The outbox worker with one delivery thread: what one database connection of it drains.
-OUTBOX_ONE_THREAD = _outbox_system("outbox_one_thread", "--concurrency", "1")
-#: The hand-written relay on the project's own table (bench/baseline_relay.py).
-BASELINE = System(
-    name="baseline",
-    start=lambda ctx: procs.script("baseline_relay.py", ctx.dsn),
-    ready="ready",
-    reset=OUTBOX_RESET,
-    fill=_outbox_fill,
-    busy=OUTBOX_BUSY,
-)
-#: The minimal reference: the hand-written relay on the minimal twin table (bench/minimal_relay.py).
-MINIMAL = System(
-    name="minimal",
-    start=lambda ctx: procs.script("minimal_relay.py", ctx.dsn),
-    ready="ready",
-    reset=(f"TRUNCATE {MINIMAL_TABLE} RESTART IDENTITY",),
+def _relay(name: str, **table: Any) -> System:
+    """The hand-written relay ``bench/<name>_relay.py``."""
+    return System(name=name, start=lambda ctx: procs.script(f"{name}_relay.py", ctx.dsn), ready="ready", **table)
+
+
+OUTBOX = _outbox("outbox")
+#: One delivery thread: what one database connection of the worker drains.
+OUTBOX_ONE_THREAD = _outbox("outbox_one_thread", "--concurrency", "1")
+#: The same relay as the minimal one, on the project's own table.
+BASELINE = _relay("baseline", reset=OUTBOX_RESET, fill=_outbox_fill, busy=OUTBOX_BUSY)
+MINIMAL = _relay(
+    "minimal",
+    reset=(f"TRUNCATE {minimal_relay.TABLE} RESTART IDENTITY",),
     fill=_minimal_fill,
-    busy=busy_sql(MINIMAL_TABLE, "'pending', 'processing'"),
+    busy=busy_sql(minimal_relay.TABLE, "'pending', 'processing'"),
 )
 
 
@@ -340,43 +314,40 @@ def drain_once(ctx: Context, system: System, processes: int, n: int) -> float:
         time.sleep(0.5)  # let them settle into their idle wait
         t0 = system.fill(ctx, n)
         with tables.connect(dsn) as poll:
-            done = lambda: not _exists(poll, system.busy)  # noqa: E731
             timeout = 120 + n * system.seconds_per_message
-            t1 = procs.wait_drained(done, started, f"{system.name} draining {n}", timeout)
+            t1 = procs.wait_drained(lambda: not _exists(poll, system.busy), started, f"{system.name} draining", timeout)
     finally:
         procs.stop_all(started)
     return n / (t1 - t0)
 
 
 def drain(ctx: Context) -> Json:
-    """Each process count against both references with as many processes, every system once per repetition
-    in an order rotated by one each time; the outbox with its defaults (two delivery threads per process)
-    and, with ``one_thread``, at one process also with ``--concurrency 1``."""
+    """The outbox (two delivery threads per process, its default; with ``one_thread``, at one process also
+    one) against both relays with as many processes, each once per repetition in an order rotated by one."""
     ensure_minimal(ctx)
     result: Json = {"messages": ctx.sizes.drain_messages, "batch_size": 100, "by_processes": {}}
     for processes in ctx.sizes.drain_processes:
-        reps: list[Json] = []
         systems = [OUTBOX, BASELINE, MINIMAL]
         if processes == 1 and ctx.sizes.one_thread:
             systems.insert(1, OUTBOX_ONE_THREAD)
+        reps: list[Json] = []
         for rep in range(ctx.sizes.reps):
-            rates = {s.name: drain_once(ctx, s, processes, ctx.sizes.drain_messages) for s in rotated(systems, rep)}
-            reps.append(rates)
-            ctx.log(f"  drain x{processes}: " + ", ".join(f"{k} {v:,.0f}/s" for k, v in rates.items()))
-        ratio = _ratio(reps, "outbox", "minimal")
-        figure: Json = {
+            reps.append(
+                {s.name: drain_once(ctx, s, processes, ctx.sizes.drain_messages) for s in common.rotated(systems, rep)}
+            )
+            _log(ctx, f"drain x{processes}", reps[-1], "msg/s")
+        figure = result["by_processes"][str(processes)] = {
             **medians(reps, ("outbox", "baseline", "minimal"), "_per_s"),
-            "ratio": ratio,
-            "ratio_same_table": _ratio(reps, "outbox", "baseline"),
-            "same_table_to_minimal": _ratio(reps, "baseline", "minimal"),
+            "ratio": ratio(reps, "outbox", "minimal"),
+            "ratio_same_table": ratio(reps, "outbox", "baseline"),
+            "same_table_to_minimal": ratio(reps, "baseline", "minimal"),
             "target": ">= 0.5x the minimal reference (aim 0.8x)",
-            "ok": ratio >= 0.5,
+            "ok": ratio(reps, "outbox", "minimal") >= 0.5,
             "reps": reps,
         }
-        if OUTBOX_ONE_THREAD.name in reps[0]:
+        if OUTBOX_ONE_THREAD in systems:
             figure["one_thread_per_s"] = median([r[OUTBOX_ONE_THREAD.name] for r in reps])
-            figure["ratio_one_thread"] = _ratio(reps, OUTBOX_ONE_THREAD.name, "minimal")
-        result["by_processes"][str(processes)] = figure
+            figure["ratio_one_thread"] = ratio(reps, OUTBOX_ONE_THREAD.name, "minimal")
     return result
 
 
@@ -384,38 +355,52 @@ def drain(ctx: Context) -> Json:
 
 #: Seconds between two sends, drawn at random.
 GAP = (0.005, 0.015)
+#: The header that makes bench/noop's handler report its start to the harness.
+TIMED = {"bench-latency": "1"}
 
 
 def latency_summary(ms: list[float], sent: int) -> Json:
-    return {f"p{q}_ms": percentile(ms, q) for q in (50, 95, 99)} | {"received": len(ms), "sent": sent}
+    return {f"p{q}_ms": common.percentile(ms, q) for q in (50, 95, 99)} | {"received": len(ms), "sent": sent}
+
+
+def _send_each(
+    ctx: Context, arrived: dict[str, float], send: Callable[[int], tuple[str, float]], timeout: float
+) -> dict[str, tuple[int, float, float]]:
+    """``latency_messages`` sends (``send(i)``: the id, and the time before its COMMIT, which the figures
+    include), a random ``GAP`` apart, then a wait for their handlers; per id: i, before and after COMMIT."""
+    arrived.clear()
+    sent: dict[str, tuple[int, float, float]] = {}
+    for i in range(ctx.sizes.latency_messages):
+        row_id, before = send(i)
+        sent[row_id] = (i, before, time.time())
+        time.sleep(random.uniform(*GAP))
+    procs.wait_for_all(arrived, sent, timeout)
+    return sent
 
 
 def latency(ctx: Context, *, database: str) -> Json:
-    """Commit to handler start for messages sent one per transaction to an idle worker (SQLite: polling)."""
+    """Commit to handler start of messages sent one per transaction to an idle worker that polls every second
+    (the harness's SQLite figure)."""
     from django.db import transaction
 
     from django_outbox import outbox
 
-    poll_interval = "1.0"
+    def send(i: int) -> tuple[str, float]:
+        with transaction.atomic(using=database):
+            return str(outbox.send("bench.latency", {"n": i}, headers=TIMED, using=database).id), time.time()
+
     reps: list[Json] = []
     with procs.udp_receiver() as (port, arrived):
-        env = {"BENCH_UDP_PORT": str(port), "BENCH_POLL_INTERVAL": poll_interval}
+        env = {"BENCH_UDP_PORT": str(port), "BENCH_POLL_INTERVAL": "1.0"}
         worker = procs.outbox_worker(ctx.dsn, "--database", database, env=env)
         try:
             worker.wait_for_line("relaying")
             time.sleep(1.0)
             for _ in range(ctx.sizes.reps):
-                arrived.clear()
-                committed: dict[str, float] = {}
-                for i in range(ctx.sizes.latency_messages):
-                    with transaction.atomic(using=database):
-                        message = outbox.send("bench.latency", {"n": i}, headers={"bench-latency": "1"}, using=database)
-                        committed[str(message.id)] = time.time()  # before COMMIT: the figure includes it
-                    time.sleep(random.uniform(*GAP))
-                procs.wait_for_all(arrived, committed, 10)
-                ms = [(arrived[k] - committed[k]) * 1000 for k in committed if k in arrived]
-                reps.append(latency_summary(ms, len(committed)))
-                ctx.log(f"  latency {database}: " + ", ".join(f"{k} {v:.1f}" for k, v in reps[-1].items()))
+                sent = _send_each(ctx, arrived, send, 10)
+                ms = [(arrived[k] - before) * 1000 for k, (_, before, _) in sent.items() if k in arrived]
+                reps.append(latency_summary(ms, len(sent)))
+                _log(ctx, f"latency {database}", reps[-1], "")
         finally:
             worker.stop()
     return {
@@ -424,90 +409,77 @@ def latency(ctx: Context, *, database: str) -> Json:
         **medians(reps, ("p50_ms", "p95_ms", "p99_ms")),
         "lost": sum(r["sent"] - r["received"] for r in reps),
         "reps": reps,
-        "poll_interval_s": float(poll_interval),
+        "poll_interval_s": 1.0,
     }
-
-
-def neighbour_dsn(ctx: Context) -> str:
-    parsed = urlparse(ctx.dsn)
-    return parsed._replace(path=parsed.path + "_neighbour").geturl()
 
 
 #: The latency figure's messages, in turn: the outbox's keyed and unkeyed, and the minimal relay's rows.
 LATENCY_KINDS = ("keyed", "unkeyed", "minimal")
-#: Per kind and phase: commit to handler, then its split (COMMIT's own time, and from its return on).
-LATENCY_FIGURES = (
-    "p50_ms",
-    "p99_ms",
-    "max_ms",
-    *(f"{s}_p{q}_ms" for s in ("commit", "after_commit") for q in (50, 99)),
+#: Ratios within each phase: (name, kind, reference kind, figure).
+LATENCY_RATIOS = (
+    ("unkeyed_p50_to_minimal", "unkeyed", "minimal", "p50_ms"),
+    ("keyed_p50_ratio", "keyed", "unkeyed", "p50_ms"),
+    ("keyed_p99_ratio", "keyed", "unkeyed", "p99_ms"),
 )
 
 
 def latency_neighbour(ctx: Context) -> Json:
-    """Commit to handler, unkeyed and keyed, without and with a busy neighbour database on the same server.
+    """Commit to handler, keyed (ten keys) and unkeyed, against the minimal relay woken by a NOTIFY of its own.
 
-    One idle worker (NOTIFY) and the minimal relay waiting for a NOTIFY of its own (the reference); each
-    phase sends ``latency_messages`` one per transaction, in turn keyed (ten keys), unkeyed and a minimal
-    row. In ``busy``, ``bench/neighbour.py`` runs tiny write transactions in ``<name>_neighbour``; the
-    phases alternate their order. Figures: medians over the repetitions of each repetition's percentile.
+    One idle worker; each phase sends ``latency_messages`` one per transaction, the three kinds in turn:
+    ``idle``; ``busy``, with bench/neighbour.py running tiny write transactions in ``<name>_neighbour`` (the
+    two alternate which goes first); ``idle_async``, the senders' COMMIT not waiting for the disk (the
+    wake-up path alone). Each time is also split at COMMIT's return. Figures: medians over the repetitions.
     """
     from django.db import transaction
 
     from django_outbox import outbox
 
+    neighbour_dsn = ctx.beside("_neighbour")
+    tables.ensure_database(neighbour_dsn)
+    ensure_minimal(ctx)
     with tables.connect(ctx.dsn) as conn:
         tables.truncate(conn)
         tables.vacuum(conn)
-    tables.ensure_database(neighbour_dsn(ctx))
-    ensure_minimal(ctx)
-    with tables.connect(ctx.dsn) as conn:
         conn.execute(MINIMAL.reset[0])
 
-    def send(i: int, kind: str, flush: bool) -> str:
+    def send(i: int, flush: bool) -> tuple[str, float]:
+        kind = LATENCY_KINDS[i % len(LATENCY_KINDS)]
         with transaction.atomic():
             if not flush:  # this transaction only: COMMIT returns (and NOTIFY goes) before the WAL flush
                 execute("SET LOCAL synchronous_commit = off")
             if kind == "minimal":  # the reference: one row into the minimal table, one NOTIFY
-                row_id = f"m{sql(INSERT_ONE + ' RETURNING id', [json.dumps({'n': i})])[0][0]}"
+                row_id = f"m{common.sql(minimal_relay.INSERT_ONE + ' RETURNING id', [json.dumps({'n': i})])[0][0]}"
                 execute("SELECT pg_notify('bench_minimal', '')")
-            else:
-                key = f"k{i // len(LATENCY_KINDS) % 10}" if kind == "keyed" else None
-                row_id = str(outbox.send("bench.latency", {"n": i}, key=key, headers={"bench-latency": "1"}).id)
-            committed[row_id] = (time.time(), kind)  # before COMMIT: the figure includes it
-        return row_id
+                return row_id, time.time()
+            key = f"k{i // len(LATENCY_KINDS) % 10}" if kind == "keyed" else None
+            return str(outbox.send("bench.latency", {"n": i}, key=key, headers=TIMED).id), time.time()
 
-    committed: dict[str, tuple[float, str]] = {}
-
-    def phase(busy: bool, arrived: dict[str, float], *, flush: bool = True) -> Json:
-        neighbour = procs.script("neighbour.py", neighbour_dsn(ctx)) if busy else None
+    def phase(arrived: dict[str, float], busy: bool = False, flush: bool = True) -> Json:
+        neighbour = procs.script("neighbour.py", neighbour_dsn) if busy else None
         try:
-            if neighbour is not None:
+            if neighbour:
                 neighbour.wait_for_line("ready")
                 time.sleep(0.3)
-            arrived.clear()
-            committed.clear()
-            returned: dict[str, float] = {}  # when COMMIT returned: the commit's own time is the difference
-            for i in range(ctx.sizes.latency_messages):
-                returned[send(i, LATENCY_KINDS[i % len(LATENCY_KINDS)], flush)] = time.time()
-                time.sleep(random.uniform(*GAP))
-            procs.wait_for_all(arrived, committed, 15)
+            sent = _send_each(ctx, arrived, lambda i: send(i, flush), 15)
         finally:
-            if neighbour is not None:
+            if neighbour:
                 neighbour.stop()
-        result: Json = {"lost": sum(1 for k in committed if k not in arrived)}
-        if neighbour is not None:
+        result: Json = {"lost": sum(1 for k in sent if k not in arrived)}
+        if neighbour:
             ran = [line for line in neighbour.lines if line.startswith("transactions ")]
             result["neighbour_transactions"] = int(ran[-1].split()[1]) if ran else 0
-        for kind in LATENCY_KINDS:
-            mine = [k for k, (_, sent) in committed.items() if sent == kind]
-            ms = [(arrived[k] - committed[k][0]) * 1000 for k in mine if k in arrived]
-            # the split: COMMIT's own round trip (the WAL flush), then from its return to the handler
-            commit = [(returned[k] - committed[k][0]) * 1000 for k in mine]
-            after = [(arrived[k] - returned[k]) * 1000 for k in mine if k in arrived]
-            result[kind] = {"p50_ms": percentile(ms, 50), "p99_ms": percentile(ms, 99), "max_ms": max(ms, default=0)}
-            for name, values in (("commit", commit), ("after_commit", after)):
-                result[kind] |= {f"{name}_p{q}_ms": percentile(values, q) for q in (50, 99)}
+        for j, kind in enumerate(LATENCY_KINDS):
+            mine = [(before, after, arrived.get(k)) for k, (i, before, after) in sent.items() if i % 3 == j]
+            spans = {  # commit to handler; COMMIT's own round trip (the WAL flush); from its return on
+                "": [got - before for before, _, got in mine if got],
+                "commit_": [after - before for before, after, _ in mine],
+                "after_commit_": [got - after for _, after, got in mine if got],
+            }
+            result[kind] = {
+                f"{name}p{q}_ms": common.percentile(v, q) * 1000 for name, v in spans.items() for q in (50, 99)
+            }
+            result[kind]["max_ms"] = max(spans[""], default=0) * 1000
         return result
 
     reps: list[Json] = []
@@ -518,35 +490,20 @@ def latency_neighbour(ctx: Context) -> Json:
             minimal.wait_for_line("ready")
             worker.wait_for_line("relaying")
             time.sleep(1.0)
-            for first in interleaved(ctx.sizes.reps):
-                rep = {("busy" if busy else "idle"): phase(busy, arrived) for busy in [not first, first]}
-                # the idle phase with the senders' commits not waiting for the disk: the wake-up path alone
-                rep["idle_async"] = phase(False, arrived, flush=False)
-                reps.append(rep)
-                ctx.log(
-                    "  latency: "
-                    + "; ".join(
-                        f"{p} {k} p50 {rep[p][k]['p50_ms']:.1f} p99 {rep[p][k]['p99_ms']:.1f}"
-                        for p in ("idle", "busy", "idle_async")
-                        for k in LATENCY_KINDS
-                    )
-                )
+            for first in common.interleaved(ctx.sizes.reps):
+                rep = {("busy" if busy else "idle"): phase(arrived, busy) for busy in [not first, first]}
+                reps.append(rep | {"idle_async": phase(arrived, flush=False)})
+                for p, figures in reps[-1].items():
+                    _log(ctx, f"latency {p}", {k: figures[k]["p50_ms"] for k in LATENCY_KINDS}, "ms p50")
         finally:
-            worker.stop()
-            minimal.stop()
+            procs.stop_all([worker, minimal])
     out: Json = {"messages_per_phase": ctx.sizes.latency_messages, "reps": reps}
     for p in ("idle", "busy", "idle_async"):
-        fig: Json = {"lost": sum(r[p]["lost"] for r in reps)}
-        for k in LATENCY_KINDS:
-            fig[k] = {q: median([r[p][k][q] for r in reps]) for q in LATENCY_FIGURES}
-
-        def within(kind: str, reference: str, q: str, p: str = p) -> float:
-            return median([_safe_ratio(r[p][kind][q], r[p][reference][q]) for r in reps])
-
-        fig["unkeyed_p50_to_minimal"] = within("unkeyed", "minimal", "p50_ms")
-        fig["keyed_p50_ratio"] = within("keyed", "unkeyed", "p50_ms")
-        fig["keyed_p99_ratio"] = within("keyed", "unkeyed", "p99_ms")
-        out[p] = fig
+        of = [r[p] for r in reps]
+        out[p] = {"lost": sum(r["lost"] for r in of)}
+        out[p] |= {k: {q: median([r[k][q] for r in of]) for q in of[0][k]} for k in LATENCY_KINDS}
+        for name, kind, reference, q in LATENCY_RATIOS:
+            out[p][name] = median([r[kind][q] / r[reference][q] if r[reference][q] > 0 else float("nan") for r in of])
     idle, busy = out["idle"], out["busy"]
     out["target"] = "idle p50 <= 2 ms, p99 <= 5 ms; busy keyed p50 <= 2x, p99 <= 3x unkeyed"
     out["ok_idle"] = idle["unkeyed"]["p50_ms"] <= 2 and idle["unkeyed"]["p99_ms"] <= 5
@@ -555,157 +512,128 @@ def latency_neighbour(ctx: Context) -> Json:
     return out
 
 
-def _safe_ratio(value: float, reference: float) -> float:
-    return value / reference if reference > 0 else float("nan")
-
-
 # --- c. enqueue concurrency and keyed producers ---------------------------------------------------
-
-ENQUEUE_MODES = ("send", "floor_notify", "send_quiet", "floor")
-KEYED_MODES = ("send_quiet", "key_many", "key_one")
-
-
-def _producer_rounds(ctx: Context, producers: int, per: int, modes: tuple[str, ...]) -> list[Json]:
-    """Per repetition, transactions per second of each of ``modes``, their order reversed every other
-    repetition: ``producers`` processes of ``bench/producer.py`` started once, each running ``per``
-    transactions a round, each round released to all at once by a file (start-up is not timed)."""
-    plan = [m for first in interleaved(ctx.sizes.reps) for m in (modes if first else modes[::-1])]
-    rounds: list[tuple[str, float]] = []
-    with tempfile.TemporaryDirectory(prefix="bench-producers-") as go_dir:
-        env = {"DATABASE_URL": ctx.dsn}
-        started = [procs.script("producer.py", go_dir, str(per), *plan, env=env) for _ in range(producers)]
-        try:
-            for p in started:
-                p.wait_for_line("ready", timeout=180)
-            for number, mode in enumerate(plan):
-                t0 = time.monotonic()
-                open(os.path.join(go_dir, f"go-{number}"), "w").close()
-                for p in started:
-                    p.wait_for_line(f"done {number} ", timeout=300)
-                rounds.append((mode, producers * per / (time.monotonic() - t0)))
-        finally:
-            procs.stop_all(started)
-    return [dict(rounds[i : i + len(modes)]) for i in range(0, len(rounds), len(modes))]
 
 
 def _producers(ctx: Context, modes: tuple[str, ...], **ratios: tuple[str, str]) -> Json:
-    """Each producer count's median rate per mode and the named ratios (the minimal table is the floor's,
-    and the producers' warm-up writes to it)."""
+    """Per producer count, transactions per second of each mode of bench/producer.py and the named ratios.
+
+    The producers start once (start-up is not timed) and each runs its share of ``enqueue_transactions``
+    per round, a round released to all at once by a file; each repetition runs every mode once, in an order
+    reversed every other repetition. The producers' warm-up writes to the minimal table.
+    """
     ensure_minimal(ctx)
     by: Json = {}
     for producers in ctx.sizes.enqueue_producers:
         per = max(4, ctx.sizes.enqueue_transactions // producers)
-        reps = _producer_rounds(ctx, producers, per, modes)
-        by[str(producers)] = figure = {
+        plan = [m for first in common.interleaved(ctx.sizes.reps) for m in (modes if first else modes[::-1])]
+        rates: list[tuple[str, float]] = []
+        with tempfile.TemporaryDirectory(prefix="bench-producers-") as go:
+            env = {"DATABASE_URL": ctx.dsn}
+            started = [procs.script("producer.py", go, str(per), *plan, env=env) for _ in range(producers)]
+            try:
+                for p in started:
+                    p.wait_for_line("ready", timeout=180)
+                for number, mode in enumerate(plan):
+                    t0 = time.monotonic()
+                    open(os.path.join(go, f"go-{number}"), "w").close()
+                    for p in started:
+                        p.wait_for_line(f"done {number} ", timeout=300)
+                    rates.append((mode, producers * per / (time.monotonic() - t0)))
+            finally:
+                procs.stop_all(started)
+        reps = [dict(rates[i : i + len(modes)]) for i in range(0, len(rates), len(modes))]
+        by[str(producers)] = {
             "transactions_per_producer": per,
             **medians(reps, modes, "_per_s"),
-            **{name: _ratio(reps, mode, reference) for name, (mode, reference) in ratios.items()},
+            **{name: ratio(reps, mode, reference) for name, (mode, reference) in ratios.items()},
             "reps": reps,
         }
-        ctx.log(
-            f"  producers x{producers}: "
-            + ", ".join(f"{m} {figure[m + '_per_s']:,.0f} tx/s" for m in modes)
-            + "; "
-            + ", ".join(f"{name} {figure[name]:.2f}x" for name in ratios)
-        )
+        _log(ctx, f"producers x{producers}", medians(reps, modes), "tx/s")
     return {"by_producers": by}
 
 
 def enqueue(ctx: Context) -> Json:
-    """Transactions per second of 1, 4 and 16 producers: send() against the floor (the same transaction plus
-    one hand-written INSERT into the minimal table), with NOTIFY (and pg_notify) and without."""
-    result = _producers(
+    """``send()`` against the floor (the same transaction plus one hand-written INSERT into the minimal
+    table), NOTIFY on (the floor with ``pg_notify``) and off."""
+    return _producers(
         ctx,
-        ENQUEUE_MODES,
+        ("send", "floor_notify", "send_quiet", "floor"),
         ratio_notify=("send", "floor_notify"),
         ratio_quiet=("send_quiet", "floor"),
         notify_cost=("floor_notify", "floor"),
     )
-    for figure in result["by_producers"].values():
-        figure["ok"] = figure["ratio_notify"] >= 0.9 and figure["ratio_quiet"] >= 0.9
-    result["target"] = "send >= 0.9x the floor at the same concurrency"
-    result["ok"] = all(f["ok"] for f in result["by_producers"].values())
-    return result
 
 
 def keyed_producers(ctx: Context) -> Json:
     """Keyed ``send()`` against unkeyed, NOTIFY off: ``key_many`` a key per transaction (the locks' cost),
-    ``key_one`` every producer on one key (they queue for its lock). Rounds as in ``enqueue``."""
-    return _producers(
-        ctx, KEYED_MODES, ratio_key_many=("key_many", "send_quiet"), ratio_key_one=("key_one", "send_quiet")
-    )
+    ``key_one`` every producer on one key (they queue for its lock)."""
+    modes = ("send_quiet", "key_many", "key_one")
+    return _producers(ctx, modes, ratio_key_many=("key_many", "send_quiet"), ratio_key_one=("key_one", "send_quiet"))
 
 
 # --- d. scale ---------------------------------------------------------------------------------
 
 
 def claim_cost(ctx: Context) -> Json:
-    """Milliseconds per claim (and per record) of 100 messages, with little and with much history, each in
-    units of a primary-key lookup of 100 rows on the same connection; each batch alternating prepared
-    statements (the default) and ``PREPARED_STATEMENTS = False``."""
+    """ms per claim of 100 messages and per record of their outcomes, with a small and a large history, in
+    units of the reference: 100 rows of history fetched by primary key, one statement on the same connection.
+    Each batch claims with prepared statements (the default, the figure) and with ``PREPARED_STATEMENTS =
+    False``; the claims and the reference alternate which goes first."""
     from django.db import connections
 
+    batches, modes = ctx.sizes.claim_batches, ("prepared", "unprepared")
     per_size: Json = {}
-    batches = ctx.sizes.claim_batches
-    aliases = ("prepared", "unprepared")
     for label, history in (("small", ctx.sizes.history_small), ("large", ctx.sizes.history_large)):
         with tables.connect(ctx.dsn) as conn:
             tables.truncate(conn)
             ctx.log(f"  filling {history:,} rows of history ...")
             tables.fill_history(conn, history)
-            conn.execute(tables.PENDING, {"n": 100 * (batches * ctx.sizes.reps + 6) * len(aliases)})
+            conn.execute(tables.PENDING, {"n": 100 * (batches * ctx.sizes.reps + 6) * len(modes)})
             tables.vacuum(conn)
-            # Write the fill's pages out now, not while the claims are timed (the large size's only).
-            conn.execute("CHECKPOINT")
-        record_errors: dict[str, str] = {}
+            conn.execute("CHECKPOINT")  # the fill's pages written out now, not while the claims are timed
+        errors: dict[str, str] = {}
         connections["default"].close()
-        for alias in aliases:
-            for _ in range(6):  # warm-up: connection, catalog caches, the prepared statements
-                _claim_and_record(alias, record_errors)
+        for mode in modes * 6:  # warm-up: connection, catalog caches, the prepared statements
+            _claim_and_record(mode, errors)
         reps: list[Json] = []
         for _ in range(ctx.sizes.reps):
-            times: dict[str, list[float]] = {f"{kind}_{alias}": [] for kind in ("claim", "record") for alias in aliases}
-            times["reference"] = []
+            times: dict[str, list[float]] = defaultdict(list)
             for i in range(batches):
-                if i % 2 == 1:
-                    times["reference"].append(_reference_lookup(history) * 1000)
-                for alias in aliases if i % 2 == 0 else aliases[::-1]:
-                    claim_s, record_s = _claim_and_record(alias, record_errors)
-                    times[f"claim_{alias}"].append(claim_s * 1000)
-                    if record_s is not None:
-                        times[f"record_{alias}"].append(record_s * 1000)
+                if i % 2:
+                    times["reference"].append(_reference_lookup(history))
+                for mode in modes if i % 2 == 0 else modes[::-1]:
+                    for kind, seconds in zip(("claim", "record"), _claim_and_record(mode, errors), strict=True):
+                        if seconds is not None:
+                            times[f"{kind}_{mode}"].append(seconds)
                 if i % 2 == 0:
-                    times["reference"].append(_reference_lookup(history) * 1000)
-            rep = {k: median(v) for k, v in times.items() if v}
-            rep["claim_over_reference"] = rep["claim_prepared"] / rep["reference"]
-            reps.append(rep)
-        figure: Json = {"history_rows": history, **{k: median([r[k] for r in reps if k in r]) for k in reps[0]}}
-        figure |= {"reps": reps, "claim_ms": figure["claim_prepared"], "reference_ms": figure["reference"]}
-        figure["record_ms"] = figure["record_prepared"]
-        if record_errors:
-            figure["record_errors"] = record_errors
-        per_size[label] = figure
-        ctx.log(f"  with {history:,} rows of history: " + ", ".join(f"{k} {v:.2f} ms" for k, v in reps[-1].items()))
+                    times["reference"].append(_reference_lookup(history))
+            reps.append({k: median(v) * 1000 for k, v in times.items()})
+            reps[-1]["claim_over_reference"] = reps[-1]["claim_prepared"] / reps[-1]["reference"]
+            _log(ctx, f"{history:,} rows of history", reps[-1], "ms")
+        figure = per_size[label] = {"history_rows": history} | {k: median([r[k] for r in reps]) for k in reps[0]}
+        figure |= {"claim_ms": figure["claim_prepared"], "reference_ms": figure["reference"]}
+        figure |= {"record_ms": figure["record_prepared"], "reps": reps} | ({"record_errors": errors} if errors else {})
     small, large = per_size["small"], per_size["large"]
-    ratio = large["claim_over_reference"] / small["claim_over_reference"]  # the target's figure
+    claim_ratio = large["claim_over_reference"] / small["claim_over_reference"]  # the target's figure
     return {
         **per_size,
-        "ratio": ratio,
+        "ratio": claim_ratio,
         "raw_ratio": large["claim_ms"] / small["claim_ms"],
         "reference_ratio": large["reference_ms"] / small["reference_ms"],
         "record_ratio": large["record_ms"] / small["record_ms"],
         "reference": "SELECT of 100 random history rows by primary key (id = ANY(...)), same connection",
         "target": "claim / reference within 10% from the small to the large history",
-        "ok": ratio <= 1.10,
+        "ok": claim_ratio <= 1.10,
     }
 
 
 def _reference_lookup(history: int) -> float:
-    """Seconds of the reference statement: 100 rows of history fetched by primary key, one statement."""
-    from django.db import connections
+    """Seconds of the reference statement."""
+    from django.db import connection
 
     ids = random.sample(range(1, history + 1), min(100, history))
-    with connections["default"].cursor() as cursor:
+    with connection.cursor() as cursor:
         started = time.perf_counter()
         cursor.execute(
             "SELECT id, uuid, topic, key, payload, headers, attempts FROM django_outbox_message WHERE id = ANY(%s)",
@@ -716,7 +644,8 @@ def _reference_lookup(history: int) -> float:
 
 
 def _claim_and_record(mode: str, errors: dict[str, str]) -> tuple[float, float | None]:
-    """Times of one claim of 100 and of recording them, with prepared statements on or off (``mode``)."""
+    """Seconds of one claim of 100 and of recording them, with prepared statements or not (``mode``); a
+    record that fails is kept in ``errors`` (a finding) and not timed."""
     from django.db import DatabaseError
     from django.utils import timezone
 
@@ -734,7 +663,7 @@ def _claim_and_record(mode: str, errors: dict[str, str]) -> tuple[float, float |
         t = time.perf_counter()
         try:
             store.record("default", worker=f"bench:{mode}", outcomes=outcomes)
-        except DatabaseError as exc:  # reported as a finding
+        except DatabaseError as exc:
             errors[mode] = str(exc).strip()
             return claim_s, None
         return claim_s, time.perf_counter() - t
@@ -754,32 +683,30 @@ def open_transaction(ctx: Context, *, expected_rate: float) -> Json:
         try:
             worker.wait_for_line("relaying")
             time.sleep(0.5)
-            if holder is not None:
+            if holder:
                 holder.execute("SELECT txid_current()")  # an xid: vacuum cannot remove what it might see
             t0 = _outbox_fill(ctx, backlog)
             with tables.connect(ctx.dsn) as conn:
                 while time.time() < t0 + window and _exists(conn, OUTBOX_BUSY):
                     time.sleep(0.1)
-                elapsed = time.time() - t0
-                delivered = tables.count(conn, "delivered")
+                return tables.count(conn, "delivered") / (time.time() - t0)
         finally:
             worker.stop()
-            if holder is not None:
-                holder.rollback()
-                holder.close()
-        return delivered / elapsed
+            if holder:
+                holder.close()  # without a commit: rolled back
 
-    reps: list[Json] = []
-    for first in interleaved(ctx.sizes.reps):
-        reps.append({("held" if hold else "free"): once(hold) for hold in [first, not first]})
-        ctx.log(f"  open transaction ({window:.0f}s): " + ", ".join(f"{k} {v:,.0f}/s" for k, v in reps[-1].items()))
-    ratio = _ratio(reps, "held", "free")
+    reps = [
+        {("held" if hold else "free"): once(hold) for hold in [first, not first]}
+        for first in common.interleaved(ctx.sizes.reps)
+    ]
+    _log(ctx, f"open transaction ({window:.0f}s)", medians(reps, ("held", "free")), "msg/s")
+    held_ratio = ratio(reps, "held", "free")
     return {
         "window_s": window,
         "backlog": backlog,
         **medians(reps, ("free", "held"), "_per_s"),
-        "ratio": ratio,
-        "drop_percent": (1 - ratio) * 100,
+        "ratio": held_ratio,
+        "drop_percent": (1 - held_ratio) * 100,
         "reps": reps,
     }
 
@@ -788,7 +715,8 @@ def open_transaction(ctx: Context, *, expected_rate: float) -> Json:
 
 
 def memory(ctx: Context) -> Json:
-    """RSS of one worker over the relaying of a large backlog, sampled at each progress line."""
+    """RSS of one worker (``--until-empty``) over the relaying of a large backlog, sampled every 0.25 s with
+    the count of its last progress line (one every 2 s); the reference is its RSS once a tenth is relayed."""
     n = ctx.sizes.memory_messages
     with tables.connect(ctx.dsn) as conn:
         tables.truncate(conn)
@@ -796,21 +724,19 @@ def memory(ctx: Context) -> Json:
         for start in range(0, n, 100_000):
             conn.execute(tables.PENDING, {"n": min(100_000, n - start)})
         tables.vacuum(conn)
-    # unbuffered: its progress lines (every 2 s) are read as they come, not all at its exit
-    worker = procs.outbox_worker(ctx.dsn, "--until-empty", "--batch-size", "100", env={"PYTHONUNBUFFERED": "1"})
+    worker = procs.outbox_worker(ctx.dsn, "--until-empty", "--batch-size", "100")  # unbuffered (procs.Proc)
     samples: list[tuple[float, int, int]] = []  # (seconds, delivered so far, RSS KiB)
     t0 = time.monotonic()
     delivered = 0
     try:
         while worker.alive():
             progress = [line for line in worker.lines[-5:] if line.startswith("delivered ")]
-            if progress:
-                delivered = int(progress[-1].split()[1])
+            delivered = int(progress[-1].split()[1]) if progress else delivered
             try:
-                rss = worker.rss_kib()
-            except FileNotFoundError:  # it has just exited
+                rss = worker.rss_kib()  # 0: exited, not yet reaped
+            except FileNotFoundError:  # exited
                 break
-            if not rss:  # exited but not yet reaped: /proc has no VmRSS line
+            if not rss:
                 break
             samples.append((time.monotonic() - t0, delivered, rss))
             time.sleep(0.25)
@@ -829,15 +755,8 @@ def memory(ctx: Context) -> Json:
             return float("nan")
         return (inside[-1][1] - inside[0][1]) / (inside[-1][0] - inside[0][0])
 
-    every = max(1, n // 20)
-    by_messages: list[tuple[int, int]] = []  # (delivered, RSS KiB): the first sample at each multiple of ``every``
-    for _, count, rss in samples:
-        if count >= (len(by_messages) + 1) * every:
-            by_messages.append((count, rss))
     return {
         "messages": n,
-        "sample_every_messages": every,
-        "rss_by_messages_kib": by_messages,
         "seconds": time.monotonic() - t0,
         "rate_first_quarter_per_s": rate(0.0, 0.25),
         "rate_last_quarter_per_s": rate(0.75, 1.0),
@@ -852,114 +771,95 @@ def memory(ctx: Context) -> Json:
 # --- comparisons --------------------------------------------------------------------------------
 
 
-def _compare_env(ctx: Context, settings: str | None) -> dict[str, str]:
-    env = {"BENCH_COMPARE_DSN": ctx.compare_dsn, "PYTHONPATH": str(procs.ROOT)}
-    return env | ({"DJANGO_SETTINGS_MODULE": settings} if settings else {})
+def _peer(
+    name: str, module: str, worker: list[str], settings: str = "", **kw: Any
+) -> tuple[System, Callable[[Context], str]]:
+    """A peer library, run by the comparison environment's python (``--compare-python``): its worker,
+    ``python -m <worker>``, and ``python -m <module> setup|fill N`` (``fill`` commits N no-op jobs through its
+    own API and prints the time after the commit). The system, and its setup."""
 
+    def env(c: Context) -> dict[str, str]:
+        django = {"DJANGO_SETTINGS_MODULE": settings} if settings else {}
+        return {"BENCH_COMPARE_DSN": c.beside("_compare"), "PYTHONPATH": str(procs.ROOT), **django}
 
-def _compare_run(ctx: Context, module: str, *args: str, settings: str | None = None) -> str:
-    """``python -m module *args`` in the comparison environment; its last line."""
-    assert ctx.compare_python is not None
-    return procs.last_line([ctx.compare_python, "-m", module, *args], env=_compare_env(ctx, settings))
-
-
-def _peer(name: str, module: str, setup: str, worker: list[str], **kw: Any) -> tuple[System, str, str, str | None]:
-    """A peer library's system: its worker (``-m ...`` in the comparison environment, or a command), its
-    module's ``fill N`` (which prints the time of its commit) and ``setup`` command."""
-    settings = kw.pop("settings", None)
-
-    def start(c: Context) -> procs.Proc:
+    def python(c: Context, *args: str) -> list[str]:
         assert c.compare_python is not None
-        command = [c.compare_python, *worker] if worker[0] == "-m" else worker
-        return procs.Proc(command, env=_compare_env(c, settings))
+        return [c.compare_python, "-m", *args]
 
-    fill = lambda c, n: float(_compare_run(c, module, "fill", str(n), settings=settings))  # noqa: E731
-    system = System(name=name, start=start, fill=fill, dsn=lambda c: c.compare_dsn, **kw)
-    return system, module, setup, settings
+    system = System(
+        name=name,
+        start=lambda c: procs.Proc(python(c, *worker), env=env(c)),
+        fill=lambda c, n: float(procs.last_line(python(c, module, "fill", str(n)), env=env(c))),
+        dsn=lambda c: c.beside("_compare"),
+        **kw,
+    )
+    return system, lambda c: procs.last_line(python(c, module, "setup"), env=env(c))
 
 
 def _procrastinate_ready(c: Context, started: list[procs.Proc]) -> None:
-    with psycopg.connect(c.compare_dsn, autocommit=True) as conn:
-
-        def registered() -> bool:
-            row = conn.execute("SELECT count(*) FROM procrastinate_workers").fetchone()
-            return bool(row and row[0] >= len(started))
-
-        started[0].wait_for(registered, "workers registered")
+    with psycopg.connect(c.beside("_compare"), autocommit=True) as conn:
+        count = lambda: conn.execute("SELECT count(*) FROM procrastinate_workers").fetchone() or (0,)  # noqa: E731
+        started[0].wait_for(lambda: int(str(count()[0])) >= len(started), "workers registered")
 
 
-def _peers(ctx: Context) -> list[tuple[System, str, str, str | None]]:
-    assert ctx.compare_python is not None
-    procrastinate = os.path.join(os.path.dirname(ctx.compare_python), "procrastinate")
-    return [
-        _peer(
-            "procrastinate",
-            "bench.compare.procrastinate_app",
-            "schema",
-            [procrastinate, "--app=bench.compare.procrastinate_app.app", "worker", "--queues=bench", "--concurrency=1"],
-            ready=_procrastinate_ready,
-            reset=("TRUNCATE procrastinate_jobs, procrastinate_events, procrastinate_workers CASCADE",),
-            busy=busy_sql("procrastinate_jobs", "'todo', 'doing'"),
-        ),
-        _peer(
-            "django-tasks-db",
-            "bench.compare.django_tasks_app",
-            "migrate",
-            ["-m", "django", "db_worker", "--interval", "0.1", "--no-startup-delay", "--no-reload"],
-            settings="bench.compare.tasks_settings",
-            ready="Starting worker",
-            reset=("TRUNCATE django_tasks_database_dbtaskresult",),
-            busy=busy_sql("django_tasks_database_dbtaskresult", "'READY', 'RUNNING'"),
-        ),
-        _peer(
-            "pgqueuer",
-            "bench.compare.pgqueuer_app",
-            "schema",
-            ["-m", "bench.compare.pgqueuer_app", "worker"],
-            ready="ready",
-            reset=("TRUNCATE pgqueuer, pgqueuer_log",),
-            busy=busy_sql("pgqueuer", "'queued', 'picked'"),
-        ),
-        _peer(
-            "django-jaiminho",
-            "bench.compare.jaiminho_app",
-            "migrate",
-            ["-m", "django", "events_relay", "--run-in-loop", "--loop-interval", "0.1"],
-            settings="bench.compare.jaiminho_settings",
-            ready="stream:",
-            reset=("TRUNCATE jaiminho_event",),
-            busy="SELECT EXISTS (SELECT 1 FROM jaiminho_event WHERE sent_at IS NULL)",
-        ),
-    ]
+PEERS = (
+    _peer(
+        "procrastinate",
+        "bench.compare.procrastinate_app",
+        ["procrastinate", "--app=bench.compare.procrastinate_app.app", "worker", "--queues=bench", "--concurrency=1"],
+        ready=_procrastinate_ready,
+        reset=("TRUNCATE procrastinate_jobs, procrastinate_events, procrastinate_workers CASCADE",),
+        busy=busy_sql("procrastinate_jobs", "'todo', 'doing'"),
+    ),
+    _peer(
+        "django-tasks-db",
+        "bench.compare.django_tasks_app",
+        ["django", "db_worker", "--interval", "0.1", "--no-startup-delay", "--no-reload"],
+        settings="bench.compare.tasks_settings",
+        ready="Starting worker",
+        reset=("TRUNCATE django_tasks_database_dbtaskresult",),
+        busy=busy_sql("django_tasks_database_dbtaskresult", "'READY', 'RUNNING'"),
+    ),
+    _peer(
+        "pgqueuer",
+        "bench.compare.pgqueuer_app",
+        ["bench.compare.pgqueuer_app", "worker"],
+        ready="ready",
+        reset=("TRUNCATE pgqueuer, pgqueuer_log",),
+        busy=busy_sql("pgqueuer", "'queued', 'picked'"),
+    ),
+    _peer(
+        "django-jaiminho",
+        "bench.compare.jaiminho_app",
+        ["django", "events_relay", "--run-in-loop", "--loop-interval", "0.1"],
+        settings="bench.compare.jaiminho_settings",
+        ready="stream:",
+        reset=("TRUNCATE jaiminho_event",),
+        busy="SELECT EXISTS (SELECT 1 FROM jaiminho_event WHERE sent_at IS NULL)",
+    ),
+)
 
 
 def compare(ctx: Context, reference: Json) -> Json:
-    """Drain rate of other Python queues with a no-op task, against the references measured in this run."""
+    """Drain rate of other Python queues with a no-op job, against the minimal relay of this run's drain."""
     if not ctx.compare_python:
         ctx.notes.append("comparisons skipped: no --compare-python (see docs/performance.md)")
         return {}
-    tables.ensure_database(ctx.compare_dsn)
+    tables.ensure_database(ctx.beside("_compare"))
     result: Json = {"messages": ctx.sizes.compare_messages}
-    for system, module, setup, settings in _peers(ctx):
+    for system, setup in PEERS:
         try:
-            _compare_run(ctx, module, setup, settings=settings)
+            setup(ctx)
         except RuntimeError as exc:  # not installed in the comparison environment: say so, measure the rest
             ctx.notes.append(f"{system.name} skipped: {str(exc).splitlines()[-1]}")
-            ctx.log(f"  {system.name} skipped (see notes)")
             continue
-        by_processes: Json = {}
+        by = result[system.name] = {}
         for processes in ctx.sizes.drain_processes:
             rates = [drain_once(ctx, system, processes, ctx.sizes.compare_messages) for _ in range(ctx.sizes.reps)]
-            ref = reference.get("by_processes", {}).get(str(processes), {})
-            baseline, minimal = ref.get("baseline_per_s"), ref.get("minimal_per_s")
-            by_processes[str(processes)] = {
-                "per_s": median(rates),
-                "ratio_to_baseline": median(rates) / baseline if baseline else None,
-                "ratio_to_minimal": median(rates) / minimal if minimal else None,
-                "reps": rates,
-            }
+            minimal = reference.get("by_processes", {}).get(str(processes), {}).get("minimal_per_s")
+            to_minimal = median(rates) / minimal if minimal else None
+            by[str(processes)] = {"per_s": median(rates), "ratio_to_minimal": to_minimal, "reps": rates}
             ctx.log(f"  {system.name} x{processes}: {median(rates):,.0f}/s")
-        result[system.name] = by_processes
     return result
 
 
@@ -978,11 +878,8 @@ def environment(dsn: str | None = None) -> Json:
         "when": dt.datetime.now(dt.UTC).isoformat(timespec="seconds"),
         "loadavg_1_5_15": [round(x, 2) for x in os.getloadavg()],
     }
-    try:
-        models = [line for line in open("/proc/cpuinfo").read().splitlines() if line.startswith("model name")]
-        info["cpu"] = models[0].split(":", 1)[1].strip()
-    except (OSError, IndexError):
-        pass
+    models = [line for line in open("/proc/cpuinfo").read().splitlines() if line.startswith("model name")]
+    info |= {"cpu": models[0].split(":", 1)[1].strip()} if models else {}
     if dsn is not None:
         with tables.connect(dsn) as conn:
             info["postgresql"] = {name: str(conn.execute(f"SHOW {name}").fetchone()[0]) for name in SERVER_SETTINGS}  # type: ignore[index]

@@ -1,7 +1,9 @@
-"""Other Python options, run by the same harness in their own virtualenv (installed from the registry).
+"""The peers of the ``compare`` and ``tasks`` sections, run from a virtualenv of their own (bench/compare_setup.sh)
+by its interpreter, so that their packages never enter the project's.
 
-Nothing here is imported by the main environment: ``bench/run.py`` calls these modules with the
-comparison environment's interpreter (``--compare-python``), so their packages never enter the project.
+Each ``<peer>_app`` module, ``python -m bench.compare.<peer>_app setup|fill N`` with ``BENCH_COMPARE_DSN``
+set, makes its tables, or commits N no-op jobs through the library's own API in one transaction and prints
+the time right after the commit; each peer drains them with its own worker command and defaults.
 """
 
 import os

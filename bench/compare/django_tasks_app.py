@@ -1,12 +1,5 @@
-"""django-tasks (database backend) with a no-op task, for the drain comparison.
-
-    DJANGO_SETTINGS_MODULE=bench.compare.tasks_settings python -m bench.compare.django_tasks_app migrate|fill N
-
-The worker is the backend's own ``db_worker`` command. ``fill`` enqueues N tasks in one transaction and
-prints the time right after it committed.
-"""
-
-from __future__ import annotations
+"""django-tasks with django-tasks-db (``DJANGO_SETTINGS_MODULE=bench.compare.tasks_settings``); its worker:
+``db_worker``."""
 
 import sys
 import time
@@ -20,22 +13,17 @@ def noop(n: int) -> None:
     """The no-op task."""
 
 
-def main() -> None:
+if __name__ == "__main__":
     django.setup()
     from django.core.management import call_command
     from django.db import transaction
 
-    from bench.compare.django_tasks_app import noop as task  # not __main__.noop: the worker imports it by path
+    from bench.compare.django_tasks_app import noop as job  # not __main__.noop: the worker imports it by path
 
-    command = sys.argv[1]
-    if command == "migrate":
+    if sys.argv[1] == "setup":
         call_command("migrate", verbosity=0)
-    elif command == "fill":
+    else:
         with transaction.atomic():
             for i in range(int(sys.argv[2])):
-                task.enqueue(i)
+                job.enqueue(i)
         print(repr(time.time()), flush=True)
-
-
-if __name__ == "__main__":
-    main()

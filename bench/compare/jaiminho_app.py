@@ -1,12 +1,4 @@
-"""django-jaiminho with a no-op event function, for the drain comparison.
-
-    DJANGO_SETTINGS_MODULE=bench.compare.jaiminho_settings python -m bench.compare.jaiminho_app migrate|fill N
-
-The worker is jaiminho's own ``events_relay --run-in-loop`` command. ``fill`` saves N events to its
-outbox in one transaction and prints the time right after it committed.
-"""
-
-from __future__ import annotations
+"""django-jaiminho (``DJANGO_SETTINGS_MODULE=bench.compare.jaiminho_settings``); its worker: ``events_relay``."""
 
 import sys
 import time
@@ -18,7 +10,7 @@ def noop(n: int) -> None:
     """The no-op destination."""
 
 
-def main() -> None:
+if __name__ == "__main__":
     django.setup()
     from django.core.management import call_command
     from django.db import transaction
@@ -26,16 +18,11 @@ def main() -> None:
 
     from bench.compare.jaiminho_app import noop as target  # not __main__.noop: the relay loads it by path
 
-    send = save_to_outbox(target)
-    command = sys.argv[1]
-    if command == "migrate":
+    if sys.argv[1] == "setup":
         call_command("migrate", verbosity=0)
-    elif command == "fill":
+    else:
+        send = save_to_outbox(target)
         with transaction.atomic():
             for i in range(int(sys.argv[2])):
                 send(i)
         print(repr(time.time()), flush=True)
-
-
-if __name__ == "__main__":
-    main()

@@ -1,11 +1,5 @@
-"""The no-op task of bench/tasks.py, imported by path by both systems' workers.
-
-``BENCH_TASKS_SYSTEM=django-tasks-db`` takes ``task`` from the django-tasks backport (what django-tasks-db
-runs on); otherwise from Django 6's own ``django.tasks`` (what ``django_outbox.tasks`` runs on). Imported
-only after ``django.setup()``: building the backend may need the models.
-"""
-
-from __future__ import annotations
+"""The no-op task of bench/tasks.py, imported by path by both systems' workers, after ``django.setup()``:
+from the django-tasks backport with ``BENCH_TASKS_SYSTEM=django-tasks-db``, else from Django 6's own."""
 
 import os
 

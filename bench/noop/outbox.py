@@ -1,8 +1,5 @@
-"""The benchmark's handler: does nothing, except report when it started for messages that ask for it.
-
-A message with the header ``bench-latency`` makes the handler send ``"<id> <time.time()>"`` over UDP to
-the harness (``BENCH_UDP_PORT``), which knows when that message's transaction committed.
-"""
+"""The benchmark's handler: does nothing, but for a message with the header ``bench-latency`` sends
+``"<id> <time.time()>"`` over UDP to the harness (``BENCH_UDP_PORT``), which knows when it was committed."""
 
 import os
 import socket
