@@ -60,7 +60,12 @@ def _text(value: str | bytes | None) -> str:
 
 
 def read_topic(broker: Tansu, topic: str, *, at_least: int, timeout: float = 20) -> list[tuple[int, Received]]:
-    """Every record of ``topic`` from the start of each partition: (partition, what the consumer saw)."""
+    """Every record of ``topic`` from the start of each partition: (partition, what the consumer saw).
+
+    It reads until ``at_least`` records came and every partition is read up to its end (its high
+    watermark, asked once that many came): a pause of the consumer's fetches on a busy machine is not
+    the end of the topic.
+    """
     admin = AdminClient({"bootstrap.servers": broker.bootstrap})
     partitions = admin.list_topics(topic, timeout=10).topics[topic].partitions
     consumer = Consumer(
@@ -68,12 +73,15 @@ def read_topic(broker: Tansu, topic: str, *, at_least: int, timeout: float = 20)
     )
     consumer.assign([TopicPartition(topic, p, -2) for p in partitions])  # -2: from the beginning
     out: list[tuple[int, Received]] = []
+    next_offset = dict.fromkeys(partitions, 0)
+    ends: dict[int, int] | None = None
     deadline = time.monotonic() + timeout
     try:
         while time.monotonic() < deadline:
             batch = consumer.consume(500, timeout=0.5)
             for record in batch:
                 assert record.error() is None, record.error()
+                next_offset[record.partition() or 0] = (record.offset() or 0) + 1
                 pairs: list[tuple[str, bytes]] = list(record.headers() or [])  # type: ignore[arg-type]
                 headers = {name: _text(value) for name, value in pairs}
                 assert topic.endswith(headers["Outbox-Topic"])  # TOPIC may put a prefix before it
@@ -91,7 +99,9 @@ def read_topic(broker: Tansu, topic: str, *, at_least: int, timeout: float = 20)
                         ),
                     )
                 )
-            if len(out) >= at_least and not batch:
+            if len(out) >= at_least and ends is None:
+                ends = {p: consumer.get_watermark_offsets(TopicPartition(topic, p), timeout=10)[1] for p in partitions}
+            if ends is not None and all(next_offset[p] >= end for p, end in ends.items()):
                 break
     finally:
         consumer.close()
