@@ -105,6 +105,7 @@ def read_topic(broker: Tansu, topic: str, *, at_least: int, timeout: float = 20)
                 break
     finally:
         consumer.close()
+    assert len(out) >= at_least, f"read {len(out)} of the {at_least} records expected of {topic} in {timeout:g} s"
     return out
 
 
