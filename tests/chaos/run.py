@@ -1024,7 +1024,7 @@ def report(run: Run, wall: float) -> int:
     total_attempts = sum(len(v) for log_of in attempts.values() for v in log_of.values())
     # The broker's faults as the workers saw them: failed attempts of the messages routed to it.
     broker_failures = collections.Counter(
-        (e.strip().splitlines() or [""])[-1][:110]
+        (e.strip().splitlines() or [""])[-1][:160]  # long enough to keep "without an offset" (Kafka)
         for message_id, log_of in attempts.items()
         if message_id in by_id and by_id[message_id]["topic"] == BROKER_TOPIC
         for v in log_of.values()
