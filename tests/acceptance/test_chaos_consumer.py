@@ -9,6 +9,7 @@ from __future__ import annotations
 import glob
 import json
 import os
+import re
 import shutil
 import subprocess
 import sys
@@ -70,6 +71,7 @@ def test_smallest_chaos_run_applies_every_effect_exactly_once(tmp_path: Path) ->
         pytest.skip(missing)
     run, figures = run_chaos(tmp_path, "--database", database)
     assert run.returncode == 0, run.stdout[-4000:] + run.stderr[-4000:]
+    assert "files are kept" not in run.stdout  # a run that passed leaves nothing behind
     assert figures["database"] == database
     assert figures["sent (committed)"] == figures["effects expected (messages to the consumer)"] == 100
     assert figures["effects applied"] == 100
@@ -102,6 +104,13 @@ def test_chaos_run_catches_a_consumer_without_the_inbox(tmp_path: Path) -> None:
     assert figures["effects applied more than once"] >= 2
     assert figures["accounts with a wrong balance"] != "0 of 10"
     assert figures["lost"] == 0  # the outbox itself lost nothing: only the consumer is at fault
+    # A failed run keeps its files (the workers' and consumers' logs, the producers' lists) to be read.
+    kept = re.search(r"the run's files are kept in (\S+)", run.stdout)
+    assert kept, run.stdout[-2000:]
+    try:
+        assert sorted(Path(kept[1]).glob("worker-*.log")) and sorted(Path(kept[1]).glob("producer-*.json"))
+    finally:
+        shutil.rmtree(kept[1], ignore_errors=True)
 
 
 @pytest.mark.slow

@@ -691,7 +691,10 @@ def chaos(args: argparse.Namespace) -> int:
             pooler.stop()
         if cluster is not None:
             cluster.remove()
-        shutil.rmtree(workdir, ignore_errors=True)
+        if failed:  # the logs, the consumers' records and the producers' lists, to read the failure in
+            log(f"the run's files are kept in {workdir}")
+        else:
+            shutil.rmtree(workdir, ignore_errors=True)
     return 1 if failed else 0
 
 
@@ -945,14 +948,18 @@ def report(run: Run, wall: float) -> int:
         received[message_id].append(attempt)
         arrivals["handler"].append(message_id)
     unknown_records = 0  # records at the broker naming no message of the run
+    # Where each message's broker entries sit ((restart generation, partition, offset) for Kafka), shown
+    # beside its attempts when a duplicate goes unexplained, so that a failed run says which copy is extra.
+    placed: collections.defaultdict[int, list[Any]] = collections.defaultdict(list)
     if run.args.broker == "kafka":
         from tests.chaos.consumer import kafka
 
         id_of = {str(m["uuid"]): m["id"] for m in messages.values()}
         records = {(g, p, o): u for kind, g, p, o, u in kafka.read_log(run.kafka_log) if kind == "recv"}
-        for message_uuid in records.values():  # one per record the broker held, however often it was read
+        for place, message_uuid in records.items():  # one per record the broker held, however often read
             if message_uuid in id_of:
                 received[id_of[message_uuid]].append(None)  # a record carries no attempt number
+                placed[id_of[message_uuid]].append(place)
             else:
                 unknown_records += 1
         # a key's records share a partition: the broker's order is (restart generation, offset) there
@@ -993,6 +1000,7 @@ def report(run: Run, wall: float) -> int:
         )
     )
     duplicates = unexplained = 0
+    unexplained_details: list[str] = []
     explanations: collections.Counter[str] = collections.Counter()
     for message_id, numbers in received.items():
         if by_id[message_id]["payload"]["kind"] != "normal":
@@ -1008,10 +1016,13 @@ def report(run: Run, wall: float) -> int:
             unclean = sum(1 for outcomes in log_of.values() if not clean(outcomes))
             explanations["broker entry of an attempt that did not end cleanly"] += min(extra, unclean)
             unexplained += max(0, extra - unclean)
+            if extra > unclean:
+                unexplained_details.append(_detail(message_id, placed[message_id], log_of))
             continue
         seen_clean = False
         for attempt_no in sorted(numbers, key=lambda n: n or 0):
             outcomes = log_of.get(attempt_no or 0, [])
+            before = unexplained
             if numbers.count(attempt_no) > 1 or not outcomes:
                 unexplained += 1  # one attempt delivered twice, or a delivery no attempt accounts for
             elif clean(outcomes):
@@ -1021,6 +1032,8 @@ def report(run: Run, wall: float) -> int:
                 unexplained += 1
             else:
                 explanations[reason] += 1
+            if unexplained > before:
+                unexplained_details.append(_detail(message_id, numbers, log_of))
     total_attempts = sum(len(v) for log_of in attempts.values() for v in log_of.values())
     # The broker's faults as the workers saw them: failed attempts of the messages routed to it.
     broker_failures = collections.Counter(
@@ -1095,6 +1108,8 @@ def report(run: Run, wall: float) -> int:
             print(f"  duplicate explained: {reason}: {count}")
     for error, count in broker_failures.most_common(5):
         print(f"  failed attempt to the broker: {error}: {count}")
+    for detail in unexplained_details[:10]:
+        print(f"  unexplained: {detail}")
     bad = lost or unexplained or ghosts or phantoms or dead_unexpected or dead_by_design != designed_to_die
     bad = bad or unknown_records or out_of_order
     bad = bad or not effects.ok
@@ -1127,6 +1142,15 @@ def keys_out_of_order(arrivals: Mapping[str, Sequence[int]], key_of: Mapping[int
                 wrong.add(key)
             last[key] = max(message_id, last.get(key, -1))
     return len(wrong)
+
+
+def _detail(message_id: int, received: Sequence[Any], attempts: Mapping[int, list[tuple[str, str]]]) -> str:
+    """A message whose duplicate no attempt explains: what the destination got, and every attempt's audit."""
+    audit = "; ".join(
+        f"#{number} " + ", ".join(f"{o} {e.strip().splitlines()[-1][:120]!r}" if e.strip() else o for o, e in outcomes)
+        for number, outcomes in sorted(attempts.items())
+    )
+    return f"message {message_id}: received {list(received)}; attempts {audit or 'none'}"
 
 
 def _duplicate_reason(outcomes: list[tuple[str, str]]) -> str | None:
