@@ -118,18 +118,14 @@ def main() -> int:
     print(f"\n{'page':<28}{'median ms':>10}{'queries':>9}  sequential scans")
     for label, url in pages.items():
         times, statements, _slowest, met = load(client, url, args.repeat)
-        queries_run = [sql for sql in statements if not sql.startswith("EXPLAIN")]  # the estimates of counts
-        seq_scans = [sql[:120] for sql in queries_run if seq_scan(sql)]
-        print(f"{label:<28}{median(times):>10.1f}{len(queries_run):>9}  {len(seq_scans)}")
-        figures["pages"][label] = {
-            "median_ms": median(times),
-            "queries": len(queries_run),
-            "sequential_scans": len(seq_scans),
-        }
+        ran = [sql for sql in statements if not sql.startswith("EXPLAIN")]  # the estimates of counts
+        scans = [sql[:120] for sql in ran if seq_scan(sql)]
+        print(f"{label:<28}{median(times):>10.1f}{len(ran):>9}  {len(scans)}")
+        figures["pages"][label] = {"median_ms": median(times), "queries": len(ran), "sequential_scans": len(scans)}
         budget = MAX_QUERIES_OVERVIEW if label == "overview" else MAX_QUERIES
         errors += [f"{label}: {e}" for e in met]
-        failures += [f"{label}: sequential scan in {sql}" for sql in seq_scans]
-        failures += [f"{label}: {len(queries_run)} queries > {budget}"] if len(queries_run) > budget else []
+        failures += [f"{label}: sequential scan in {sql}" for sql in scans]
+        failures += [f"{label}: {len(ran)} queries > {budget}"] if len(ran) > budget else []
     strict = {k: pages[k] for k in ("overview", "list, newest first", "filter status=pending", "filter status=dead")}
     strict["outbox_status --json"] = None
     timed = figures["under_timeouts"] = {}
