@@ -19,12 +19,14 @@ from __future__ import annotations
 
 import dataclasses
 import datetime as dt
+import functools
 import json
 import os
 import subprocess
 import sys
 import tempfile
 import time
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -150,9 +152,7 @@ def main(argv: list[str] | None = None) -> int:
         args_parser.error("DATABASE_URL must name a PostgreSQL database of the benchmark's own")
     common.setup_django("default", "sqlite")
 
-    compare_python = args.compare_python
-    if compare_python is None and DEFAULT_COMPARE_PYTHON.exists():
-        compare_python = str(DEFAULT_COMPARE_PYTHON)
+    compare_python = args.compare_python or (str(DEFAULT_COMPARE_PYTHON) if DEFAULT_COMPARE_PYTHON.exists() else None)
     size_name = "smoke" if args.smoke else "quick" if args.quick else "full"
     sizes = figures.SIZES[size_name]
     if args.history_rows:
@@ -162,8 +162,14 @@ def main(argv: list[str] | None = None) -> int:
     ctx = figures.Context(dsn=dsn, sizes=sizes, compare_python=compare_python, log=lambda s: print(s, flush=True))
     results: dict[str, Any] = {"mode": size_name, "environment": figures.environment(dsn), "figures": {}}
     out = results["figures"]
+    maria: dict[str, Any] = {
+        "messages": sizes.mariadb_messages,
+        "processes": sizes.mariadb_processes,
+        "reps": sizes.reps,
+    }
+    maria |= {"transactions": sizes.mariadb_transactions, "log": ctx.log}
     # (section, JSON key, title, measure)
-    steps: list[tuple[str, str, str, Any]] = [
+    steps: list[tuple[str, str, str, Callable[[], Any]]] = [
         ("send", "send", "a. send() overhead", lambda: figures.send_overhead(ctx)),
         ("send", "send_batch", "a. 100 messages in one transaction", lambda: figures.send_batch(ctx)),
         ("drain", "drain", "b. drain throughput", lambda: figures.drain(ctx)),
@@ -180,31 +186,11 @@ def main(argv: list[str] | None = None) -> int:
         ),
         ("memory", "memory", "e. memory", lambda: figures.memory(ctx)),
         ("compare", "compare", "comparisons", lambda: figures.compare(ctx, out.get("drain", {}))),
-        (
-            "mariadb",
-            "mariadb",
-            "f. MariaDB: drain and send()",
-            lambda: mariadb.measure(
-                mariadb.url(),
-                messages=sizes.mariadb_messages,
-                processes=sizes.mariadb_processes,
-                reps=sizes.reps,
-                transactions=sizes.mariadb_transactions,
-                log=ctx.log,
-            ),
-        ),
+        ("mariadb", "mariadb", "f. MariaDB: drain and send()", lambda: mariadb.measure(mariadb.url(), **maria)),
     ]
-    steps += [
-        (
-            section,
-            section,
-            f"{section} ({script.script})",
-            lambda section=section, script=script: run_script(
-                script, section, size_name, dsn=dsn, with_mariadb=with_mariadb
-            ),
-        )
-        for section, script in SCRIPTS.items()
-    ]
+    for section, script in SCRIPTS.items():
+        run = functools.partial(run_script, script, section, size_name, dsn, with_mariadb)
+        steps.append((section, section, f"{section} ({script.script})", run))
     output = args.output or ROOT / "bench" / "results" / f"{dt.datetime.now():%Y%m%d-%H%M%S}-{size_name}.json"
     started = time.monotonic()
     for section, key, title, measure in steps:
@@ -217,8 +203,6 @@ def main(argv: list[str] | None = None) -> int:
         # after every section, so that a long run stopped part-way keeps what it measured
         results["seconds"], results["notes"] = time.monotonic() - started, ctx.notes
         write_json(output, results)
-    results["seconds"], results["notes"] = time.monotonic() - started, ctx.notes
-    write_json(output, results)
     print()
     print(table.render(results))
     print(f"\nwrote {output}")
@@ -230,7 +214,7 @@ def main(argv: list[str] | None = None) -> int:
     return 0
 
 
-def run_script(script: Script, section: str, size_name: str, *, dsn: str, with_mariadb: bool) -> Any:
+def run_script(script: Script, section: str, size_name: str, dsn: str, with_mariadb: bool) -> Any:
     """Run one script section; its JSON, or ``{"failed": exit status}`` (the run goes on with the rest)."""
     args = getattr(script, size_name).split()
     env = {**os.environ}

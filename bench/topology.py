@@ -13,6 +13,7 @@ each message was delivered once and counts log lines that would mean a pooler ar
 from __future__ import annotations
 
 import dataclasses
+import functools
 import json
 import os
 import random
@@ -38,6 +39,8 @@ from bench.common import Json, interleaved, median, medians, parser, write_json 
 POLL = 5.0
 #: Log lines of a worker that would mean a pooler artefact treated as an outage or a lost outcome.
 TROUBLE = ("unavailable", "could not record")
+#: What must not happen, counted in each repetition and summed.
+COUNTS = ("lost", "duplicates", "not_once", "trouble_lines", "fallback_logged")
 #: How long the listener's probe takes to call a deaf connection deaf (worker.listener.PROBE_TIMEOUT) and a margin.
 SETTLE_SECONDS = 2.5
 #: The row and the wake-up that send() writes (store.insert), in one statement; the harness needs no Django.
@@ -90,8 +93,7 @@ def topologies(dsn: str, session: str, transaction: str) -> list[Topology]:
     ]
 
 
-def log(line: str) -> None:
-    print(line, flush=True)
+log = functools.partial(print, flush=True)
 
 
 def connect(dsn: str) -> psycopg.Connection[tuple[Any, ...]]:
@@ -106,23 +108,33 @@ def start_worker(t: Topology, **env: str) -> procs.Proc:
     return worker
 
 
-def trouble(lines: list[str]) -> int:
-    return sum(1 for line in lines if any(word in line for word in TROUBLE))
+def trouble(workers: list[procs.Proc]) -> int:
+    return sum(1 for p in workers for line in p.lines if any(word in line for word in TROUBLE))
 
 
-def rep_ratio(reps: list[Json], references: list[Json], key: str) -> float:
-    """The median over the repetitions of each one's ``key`` over its reference's, in the same round."""
-    return median([x[key] / ref[key] for x, ref in zip(reps, references, strict=True)])
+def compared(s: Sizes, paths: list[Topology], one: Callable[[Topology], Json], ratio: str, *keys: str) -> Json:
+    """``one(path)`` for every path, ``s.reps`` times, the paths in alternating order so that each
+    repetition of a path is in the same round as the reference's (the first path). Per path: the medians
+    of ``keys``; ``ratio``, the median of each repetition's first key over the reference's; the counts of
+    what must not happen, summed."""
+    runs: dict[str, list[Json]] = {t.name: [] for t in paths}
+    for first in interleaved(s.reps):
+        for t in paths if first else paths[::-1]:
+            runs[t.name].append(one(t))
+    result: Json = {}
+    for t in paths:
+        r, reference = runs[t.name], runs[paths[0].name]
+        result[t.name] = {
+            "label": t.label,
+            **medians(r, keys),
+            ratio: median([x[keys[0]] / y[keys[0]] for x, y in zip(r, reference, strict=True)]),
+            **{k: sum(x[k] for x in r) for k in COUNTS if k in r[0]},
+            "reps": r,
+        }
+    return result
 
 
-def send_each(
-    dsn: str,
-    n: int,
-    statement: str,
-    params: Callable[[int], list[Any]],
-    gap: tuple[float, float],
-    arrived: dict[str, float],
-) -> Json:
+def send_each(dsn: str, n: int, statement: str, params: Callable[[int], list[Any]], gap: Any, arrived: Json) -> Json:
     """``n`` transactions over ``dsn``, each committing ``statement`` (its first column: the id that
     ``arrived`` times), a random ``gap`` apart; from each commit to its arrival."""
     committed: dict[str, float] = {}
@@ -137,21 +149,7 @@ def send_each(
     return figures.latency_summary([(arrived[k] - committed[k]) * 1000 for k in committed if k in arrived], n)
 
 
-def latency_once(t: Topology, n: int, udp_port: int, arrived: dict[str, float]) -> Json:
-    """A fresh idle worker on ``t``; messages from commit to handler (a gap spread over the poll interval
-    when it polls)."""
-    worker = start_worker(t, BENCH_UDP_PORT=str(udp_port))
-    try:
-        time.sleep(SETTLE_SECONDS)  # the listener's probe is over: idle, as in production
-        arrived.clear()
-        gap = figures.GAP if t.listen_dsn else (0.05, POLL / 4)
-        rep = send_each(t.dsn, n, SEND, lambda i: [json.dumps({"n": i})], gap, arrived)
-    finally:
-        worker.stop()
-    return {**rep, "trouble_lines": trouble(worker.lines)}
-
-
-def notify_once(t: Topology, listen_dsn: str, n: int) -> Json:
+def notify(t: Topology, listen_dsn: str, n: int) -> Json:
     """The physical limit of a wake-up on ``t``: a bare NOTIFY over the sender's path, heard where the
     worker's listener LISTENs."""
     channel = f"bench_topology_{os.getpid()}"
@@ -176,46 +174,36 @@ def notify_once(t: Topology, listen_dsn: str, n: int) -> Json:
 
 
 def latency(s: Sizes, paths: list[Topology]) -> Json:
-    """Each topology's latency and NOTIFY round trip per repetition, topologies in alternating order."""
-    reps: dict[str, list[Json]] = {t.name: [] for t in paths}
-    limits: dict[str, list[Json]] = {t.name: [] for t in paths}
+    """Each path's commit-to-handler latency on a fresh idle worker (a gap spread over the poll interval
+    when it polls), and beside it a bare NOTIFY's (except where nothing can hear one)."""
+
+    def once(t: Topology) -> Json:
+        with tables.connect(paths[0].dsn) as conn:
+            tables.truncate(conn)
+        worker = start_worker(t, BENCH_UDP_PORT=str(port))
+        try:
+            time.sleep(SETTLE_SECONDS)  # the listener's probe is over: idle, as in production
+            arrived.clear()
+            n, gap = (s.latency_messages, figures.GAP) if t.listen_dsn else (s.polling_messages, (0.05, POLL / 4))
+            rep = send_each(t.dsn, n, SEND, lambda i: [json.dumps({"n": i})], gap, arrived)
+        finally:
+            worker.stop()
+        rep |= {"lost": rep["sent"] - rep["received"], "trouble_lines": trouble([worker])}
+        if t.listen_dsn:  # nothing can hear a NOTIFY behind transaction pooling
+            rep["notify_p50_ms"] = notify(t, t.listen_dsn, s.latency_messages)["p50_ms"]
+        log(f"  latency {t.label}: p50 {rep['p50_ms']:.1f} p95 {rep['p95_ms']:.1f} ms")
+        return rep
+
     with procs.udp_receiver() as (port, arrived):
-        for first in interleaved(s.reps):
-            for t in paths if first else paths[::-1]:
-                with tables.connect(paths[0].dsn) as conn:
-                    tables.truncate(conn)
-                rep = latency_once(t, s.latency_messages if t.listen_dsn else s.polling_messages, port, arrived)
-                reps[t.name].append(rep)
-                note = ""
-                if t.listen_dsn:  # nothing can hear a NOTIFY behind transaction pooling
-                    limits[t.name].append(notify_once(t, t.listen_dsn, s.latency_messages))
-                    note = f"; NOTIFY alone p50 {limits[t.name][-1]['p50_ms']:.2f} ms"
-                log(f"  latency {t.label}: p50 {rep['p50_ms']:.1f} p95 {rep['p95_ms']:.1f} ms{note}")
-    result: Json = {}
-    for t in paths:
-        r, limit = reps[t.name], limits[t.name]
-        result[t.name] = {
-            "label": t.label,
-            "polls": t.listen_dsn is None,
-            "poll_interval_s": POLL,
-            "messages_per_rep": r[0]["sent"],
-            **medians(r, ("p50_ms", "p95_ms", "p99_ms")),
-            "lost": sum(x["sent"] - x["received"] for x in r),
-            "trouble_lines": sum(x["trouble_lines"] for x in r),
-            "p50_ratio_to_direct": rep_ratio(r, reps[paths[0].name], "p50_ms"),
-            "reps": r,
-        }
-        if limit:
-            result[t.name] |= {
-                "notify_p50_ms": median([x["p50_ms"] for x in limit]),
-                "notify_p99_ms": median([x["p99_ms"] for x in limit]),
-                "notify_reps": limit,
-                "p50_ratio_to_notify": rep_ratio(r, limit, "p50_ms"),
-            }
+        result = compared(s, paths, once, "p50_ratio_to_direct", "p50_ms", "p95_ms", "p99_ms")
+    for r in result.values():
+        if "notify_p50_ms" in r["reps"][0]:
+            r["notify_p50_ms"] = median([x["notify_p50_ms"] for x in r["reps"]])
+            r["p50_ratio_to_notify"] = median([x["p50_ms"] / x["notify_p50_ms"] for x in r["reps"]])
     return result
 
 
-def drain_once(dsn: str, t: Topology, processes: int, n: int) -> Json:
+def drain_once(t: Topology, dsn: str, processes: int, n: int) -> Json:
     """``processes`` idle workers on ``t`` drain ``n`` messages committed at once (direct)."""
     with tables.connect(dsn) as conn:
         tables.truncate(conn)
@@ -244,42 +232,25 @@ def drain_once(dsn: str, t: Topology, processes: int, n: int) -> Json:
             assert row is not None
     finally:
         procs.stop_all(started)
-    return {
+    rep = {
         "per_s": n / max(t1 - first[0], 1e-3),
-        "per_s_from_commit": n / (t1 - t0),
         "wake_s": first[0] - t0,
-        "delivered_once": int(str(row[0])),
-        "attempts": int(str(row[1])),
-        "trouble_lines": sum(trouble(p.lines) for p in started),
+        "duplicates": int(str(row[1])) - n,
+        "not_once": n - int(str(row[0])),
+        "trouble_lines": trouble(started),
         "fallback_logged": sum(1 for p in started for line in p.lines if "prepared statements do not survive" in line),
     }
+    log(f"  drain {t.label} x{processes}: {rep['per_s']:,.0f} msg/s")
+    return rep
 
 
 def drain(s: Sizes, dsn: str, paths: list[Topology]) -> Json:
-    """Each path's rate per process count, beside the first path's in the same round, rounds alternating."""
-    n = s.drain_messages
-    result: Json = {}
-    for processes in s.drain_processes:
-        reps: dict[str, list[Json]] = {t.name: [] for t in paths}
-        for first in interleaved(s.reps):
-            for t in paths if first else paths[::-1]:
-                reps[t.name].append(drain_once(dsn, t, processes, n))
-                log(f"  drain {t.label} x{processes}: {reps[t.name][-1]['per_s']:,.0f} msg/s")
-        by: Json = {}
-        for t in paths:
-            r = reps[t.name]
-            by[t.name] = {
-                "label": t.label,
-                **medians(r, ("per_s", "per_s_from_commit", "wake_s")),
-                "ratio": rep_ratio(r, reps[paths[0].name], "per_s"),
-                "duplicates": sum(x["attempts"] - n for x in r),
-                "not_once": sum(n - x["delivered_once"] for x in r),
-                "trouble_lines": sum(x["trouble_lines"] for x in r),
-                "fallback_logged": sum(x["fallback_logged"] for x in r),
-                "reps": r,
-            }
-        result[str(processes)] = by
-    return {"messages": n, "reference": paths[0].name, "by_processes": result}
+    """Each path's rate per process count, beside the first path's in the same round."""
+    by: Json = {}
+    for p in s.drain_processes:
+        once = functools.partial(drain_once, dsn=dsn, processes=p, n=s.drain_messages)
+        by[str(p)] = compared(s, paths, once, "ratio", "per_s", "wake_s")
+    return {"messages": s.drain_messages, "by_processes": by}
 
 
 def main() -> int:
@@ -295,25 +266,26 @@ def main() -> int:
     common.setup_django("default")
     size_name = "smoke" if args.smoke else "quick" if args.quick else "full"
     s = SIZES[size_name]
-    host, port, name = urlparse(dsn).hostname or "127.0.0.1", urlparse(dsn).port or 5432, urlparse(dsn).path[1:]
+    url = urlparse(dsn)
     # Fewer server connections than clients in transaction pooling, as in production.
-    session = pgbouncer.PgBouncer("session", server_host=host, server_port=port, pool_size=30)
-    transaction = pgbouncer.PgBouncer("transaction", server_host=host, server_port=port, pool_size=4)
+    session, transaction = (
+        pgbouncer.PgBouncer(mode, server_host=url.hostname or "127.0.0.1", server_port=url.port or 5432, pool_size=size)
+        for mode, size in (("session", 30), ("transaction", 4))
+    )
     results: Json = {"mode": size_name, "environment": figures.environment(dsn), "figures": {}}
-    out: Json = results["figures"]
     started = time.monotonic()
     try:
-        paths = topologies(dsn, session.url(name), transaction.url(name))
+        paths = topologies(dsn, session.url(url.path[1:]), transaction.url(url.path[1:]))
         log("latency, idle worker ...")
-        out["latency"] = latency(s, paths)
+        results["figures"]["latency"] = latency(s, paths)
         log("drain ...")
-        out["drain"] = drain(s, dsn, paths)
+        results["figures"]["drain"] = drain(s, dsn, paths)
         log("prepared statements behind transaction pooling ...")
         adaptive = paths[2]
         env = {**adaptive.env, "BENCH_PREPARED_STATEMENTS": "0"}
         label = adaptive.label + ", PREPARED_STATEMENTS = False"
         unprepared = dataclasses.replace(adaptive, name=adaptive.name + "_unprepared", label=label, env=env)
-        out["prepared"] = drain(s, dsn, [adaptive, unprepared])
+        results["figures"]["prepared"] = drain(s, dsn, [adaptive, unprepared])
     finally:
         session.stop()
         transaction.stop()
