@@ -5,6 +5,7 @@ bench/minimal_relay.py), their repetitions interleaved so that the shared machin
 from __future__ import annotations
 
 import datetime as dt
+import itertools
 import json
 import os
 import random
@@ -16,6 +17,7 @@ from collections.abc import Callable, Iterator, Mapping, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 from functools import partial
+from pathlib import Path
 from typing import Any
 from urllib.parse import urlparse
 
@@ -495,7 +497,6 @@ def latency_neighbour(ctx: Context) -> Json:
             result[kind] = {
                 f"{span}p{q}_ms": common.percentile(v, q) * 1000 for span, v in spans.items() for q in (50, 99)
             }
-            result[kind]["max_ms"] = max(spans[""], default=0) * 1000
         _log(ctx, f"latency {name}", {k: result[k]["p50_ms"] for k in LATENCY_KINDS}, "ms p50")
         return result
 
@@ -521,41 +522,42 @@ def latency_neighbour(ctx: Context) -> Json:
 
 
 def _producers(ctx: Context, modes: tuple[str, ...], **ratios: tuple[str, str]) -> Json:
-    """Per producer count, transactions per second of each mode of bench/producer.py and the named ratios.
-
-    The producers start once (start-up is not timed) and each runs its share of ``enqueue_transactions``
-    per round, a round released to all at once by a file; each repetition runs every mode once, in an order
-    rotated every repetition. The producers' warm-up writes to the minimal table.
-    """
-    ensure_minimal(ctx)
+    """Per producer count, transactions per second of each mode of bench/producer.py and the named ratios."""
+    ensure_minimal(ctx)  # the producers' warm-up writes to the minimal table
     by: Json = {}
     for producers in ctx.sizes.enqueue_producers:
         per = max(4, ctx.sizes.enqueue_transactions // producers)
-        plan = [m for rep in range(ctx.sizes.reps) for m in common.rotated(modes, rep)]
-        rates: list[tuple[str, float]] = []
-        with tempfile.TemporaryDirectory(prefix="bench-producers-") as go:
-            env = {"DATABASE_URL": ctx.dsn}
-            started = [procs.script("producer.py", go, str(per), *plan, env=env) for _ in range(producers)]
-            try:
-                for p in started:
-                    p.wait_for_line("ready", timeout=180)
-                for number, mode in enumerate(plan):
-                    t0 = time.monotonic()
-                    open(os.path.join(go, f"go-{number}"), "w").close()
-                    for p in started:
-                        p.wait_for_line(f"done {number} ", timeout=300)
-                    rates.append((mode, producers * per / (time.monotonic() - t0)))
-            finally:
-                procs.stop_all(started)
-        reps = [dict(rates[i : i + len(modes)]) for i in range(0, len(rates), len(modes))]
+        reps = _producer_reps(ctx, producers, per, modes)
         by[str(producers)] = {
             "transactions_per_producer": per,
             **medians(reps, modes, "_per_s"),
             **{name: ratio(reps, mode, reference) for name, (mode, reference) in ratios.items()},
             "reps": reps,
         }
-        _log(ctx, f"producers x{producers}", medians(reps, modes), "tx/s")
     return {"by_producers": by}
+
+
+def _producer_reps(ctx: Context, producers: int, per: int, modes: Sequence[str]) -> list[Json]:
+    """The producers start once (start-up is not timed); each round, released to all at once by a file that
+    names its mode, runs ``per`` transactions in each."""
+    with tempfile.TemporaryDirectory(prefix="bench-producers-") as go:
+        started = [procs.script("producer.py", go, str(per), env={"DATABASE_URL": ctx.dsn}) for _ in range(producers)]
+        rounds = itertools.count()
+
+        def release(mode: str) -> float:
+            number, t0 = next(rounds), time.monotonic()
+            Path(go, "next").write_text(mode)
+            os.replace(Path(go, "next"), Path(go, f"go-{number}"))  # whole, or not there yet
+            for p in started:
+                p.wait_for_line(f"done {number} ", timeout=300)
+            return producers * per / (time.monotonic() - t0)
+
+        try:
+            for p in started:
+                p.wait_for_line("ready", timeout=180)
+            return _turns(ctx, f"producers x{producers}", "tx/s", {m: partial(release, m) for m in modes})
+        finally:
+            procs.stop_all(started)
 
 
 def enqueue(ctx: Context) -> Json:

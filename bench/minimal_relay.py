@@ -1,17 +1,14 @@
-"""The hand-written references of the drain and latency figures.
+"""The hand-written references of the drain and latency figures (docs/performance.md, "The references").
 
     python bench/minimal_relay.py DSN [--same-table] [--listen CHANNEL --udp-port PORT]
 
 The minimal relay runs on ``bench_minimal_message``, a twin of ``django_outbox_message`` (columns copied with
-``LIKE``, so it follows the project's schema) with a primary key and one partial index on the ids of pending
-rows: the physical limit of "claim a batch, deliver, acknowledge" on PostgreSQL for a hand-written relay.
-Each round claims up to 100 pending rows with ``FOR UPDATE SKIP LOCKED`` and a lease in one ``UPDATE ...
-RETURNING``, committed at once, calls a no-op per row, and acknowledges them in one statement fenced by
-``locked_by`` and the attempt it claimed. ``--same-table`` runs the same loop on the project's own table,
-paying every cost its schema imposes (what a careful engineer writes by hand in an afternoon, with no
-attempt log, retries or reaper); its two statements differ only in form (a materialized CTE; a fence on the
-status). Prints ``ready`` once connected; idle, it polls every 5 ms, or with ``--listen`` waits for a
-NOTIFY (the latency figure's reference, reporting ``m<id> <time>`` per row to ``--udp-port``).
+``LIKE``, so it follows the project's schema) with a primary key and one partial index on pending ids: the
+physical limit of "claim a batch, deliver, acknowledge" on PostgreSQL. ``--same-table`` runs it on the
+project's own table, paying every cost its schema imposes; its two statements differ only in form (a
+materialized CTE; a fence on the status). Prints ``ready`` once connected; idle, it polls every 5 ms, or
+with ``--listen`` waits for a NOTIFY (the latency figure's reference, reporting ``m<id> <time>`` per row to
+``--udp-port``).
 """
 
 from __future__ import annotations
