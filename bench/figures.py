@@ -748,12 +748,8 @@ def _peer(name: str, module: str, worker: str, settings: str = "", **kw: Any) ->
     ``python -m <worker>``, and ``python -m bench.compare.<module> migrate|fill N`` (bench/compare)."""
 
     def env(c: Context) -> dict[str, str]:
-        django = {"DJANGO_SETTINGS_MODULE": settings} if settings else {}
-        return {
-            "BENCH_COMPARE_DSN": c.beside("_compare"),
-            "PYTHONPATH": str(procs.ROOT),
-            "BENCH_TASKS_SYSTEM": name,
-        } | django
+        env = {"BENCH_COMPARE_DSN": c.beside("_compare"), "PYTHONPATH": str(procs.ROOT), "BENCH_TASKS_SYSTEM": name}
+        return env | ({"DJANGO_SETTINGS_MODULE": settings} if settings else {})
 
     def python(c: Context, *args: str) -> list[str]:
         assert c.compare_python is not None
