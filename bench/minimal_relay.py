@@ -1,15 +1,14 @@
-"""The minimal reference: a hand-written relay on a minimal twin of the message table.
+"""The hand-written references of the drain and latency figures (docs/performance.md, "The references").
 
-    python bench/minimal_relay.py DSN [--listen CHANNEL --udp-port PORT]
+    python bench/minimal_relay.py DSN [--same-table] [--listen CHANNEL --udp-port PORT]
 
-The twin, ``bench_minimal_message``, has the columns of ``django_outbox_message`` (copied with ``LIKE``, so
-it follows the project's schema), a primary key and one partial index on the ids of pending rows: the
-physical limit of "claim a batch, deliver, acknowledge" on PostgreSQL for a hand-written relay
-(bench/baseline_relay.py runs the same loop on the project's own table). Each round claims up to 100
-pending rows with ``FOR UPDATE SKIP LOCKED`` and a lease in one ``UPDATE ... RETURNING``, committed at
-once, calls a no-op per row, and acknowledges them in one statement fenced by ``locked_by`` and the
-attempt it claimed. Prints ``ready`` once connected; idle, it polls every 5 ms, or with ``--listen`` waits
-for a NOTIFY (the latency figure's reference, reporting ``m<id> <time>`` per row to ``--udp-port``).
+The minimal relay runs on ``bench_minimal_message``, a twin of ``django_outbox_message`` (columns copied with
+``LIKE``, so it follows the project's schema) with a primary key and one partial index on pending ids: the
+physical limit of "claim a batch, deliver, acknowledge" on PostgreSQL. ``--same-table`` runs it on the
+project's own table, paying every cost its schema imposes; its two statements differ only in form (a
+materialized CTE; a fence on the status). Prints ``ready`` once connected; idle, it polls every 5 ms, or
+with ``--listen`` waits for a NOTIFY (the latency figure's reference, reporting ``m<id> <time>`` per row to
+``--udp-port``).
 """
 
 from __future__ import annotations
@@ -18,7 +17,6 @@ import argparse
 import os
 import socket
 import time
-from typing import Any
 
 import psycopg
 
@@ -30,28 +28,24 @@ CREATE = [
     f"ALTER TABLE {TABLE} ADD PRIMARY KEY (id)",
     f"CREATE INDEX {TABLE}_pending ON {TABLE} (id) WHERE status = 'pending'",
 ]
-COLUMNS = (
-    "uuid, topic, key, payload, headers, idempotency_key, status, attempts, max_attempts, available_at,"
-    " created_at, last_error"
-)
-#: ``n`` pending rows as ``outbox.send()`` writes them (the values of ``bench.tables.PENDING``).
-FILL = f"""
-INSERT INTO {TABLE} ({COLUMNS})
-SELECT gen_random_uuid(), 'bench.noop', NULL, jsonb_build_object('order_id', i, 'item', 'book'), '{{}}'::jsonb,
-    NULL, 'pending', 0, 5, now(), now(), ''
-FROM generate_series(1, %(n)s) AS i
-"""
+
+
+def insert(source: str = "", payload: str = "%s::jsonb", table: str = TABLE) -> str:
+    """An ``INSERT`` of pending rows as ``outbox.send()`` writes them, ``payload`` per row of ``source`` (a
+    ``FROM`` clause; none: one row)."""
+    return (
+        f"INSERT INTO {table} (uuid, topic, key, payload, headers, idempotency_key, status, attempts, max_attempts,"
+        f" available_at, created_at, last_error) SELECT gen_random_uuid(), 'bench.noop', NULL, {payload},"
+        f" '{{}}'::jsonb, NULL, 'pending', 0, 5, now(), now(), '' {source}"
+    )
+
+
+#: ``n`` pending rows (the values of ``bench.tables.PENDING``).
+FILL = insert("FROM generate_series(1, %(n)s) AS i", "jsonb_build_object('order_id', i, 'item', 'book')")
 #: The send() floor: one hand-written row, one statement.
-INSERT_ONE = f"""
-INSERT INTO {TABLE} ({COLUMNS})
-VALUES (gen_random_uuid(), 'bench.noop', NULL, %s::jsonb, '{{}}', NULL, 'pending', 0, 5, now(), now(), '')
-"""
+INSERT_ONE = insert()
 #: The bulk floor: a row per payload of one array, one statement.
-INSERT_MANY = f"""
-INSERT INTO {TABLE} ({COLUMNS})
-SELECT gen_random_uuid(), 'bench.noop', NULL, p, '{{}}', NULL, 'pending', 0, 5, now(), now(), ''
-FROM unnest(%s::jsonb[]) AS p
-"""
+INSERT_MANY = insert("FROM unnest(%s::jsonb[]) AS p", "p")
 CLAIM = f"""
 UPDATE {TABLE} AS m SET status = 'processing', locked_by = %(me)s,
     locked_until = now() + make_interval(secs => %(lease)s), attempts = m.attempts + 1
@@ -67,20 +61,36 @@ UPDATE {TABLE} AS m SET status = 'delivered', delivered_at = now(), locked_by = 
 FROM unnest(%(ids)s::bigint[], %(attempts)s::int[]) AS a(id, n)
 WHERE m.id = a.id AND m.locked_by = %(me)s AND m.attempts = a.n
 """
+SAME_TABLE_CLAIM = """
+WITH picked AS MATERIALIZED (
+    SELECT id FROM django_outbox_message WHERE status = 'pending' AND available_at <= now()
+    ORDER BY id LIMIT %(limit)s FOR UPDATE SKIP LOCKED
+)
+UPDATE django_outbox_message AS m SET status = 'processing', locked_by = %(me)s,
+    locked_until = now() + make_interval(secs => %(lease)s), attempts = m.attempts + 1
+FROM picked WHERE m.id = picked.id
+RETURNING m.id, m.uuid, m.topic, m.key, m.payload, m.headers, m.attempts
+"""
+SAME_TABLE_ACK = """
+UPDATE django_outbox_message SET status = 'delivered', delivered_at = now(), locked_by = NULL, locked_until = NULL
+WHERE id = ANY(%(ids)s) AND locked_by = %(me)s AND status = 'processing'
+"""
 
 
-def handle(row: tuple[Any, ...]) -> None:
+def handle(row: tuple[object, ...]) -> None:
     """The no-op destination."""
 
 
-def main(claim: str = CLAIM, ack: str = ACK, name: str = "minimal") -> None:
-    """Relay with ``claim`` and ``ack`` until SIGTERM ends the process."""
+def main() -> None:
+    """Relay until SIGTERM ends the process."""
     parser = argparse.ArgumentParser()
     parser.add_argument("dsn")
+    parser.add_argument("--same-table", action="store_true", help="relay the project's own table")
     parser.add_argument("--listen", metavar="CHANNEL", help="idle, wait for a NOTIFY on CHANNEL (1 s at most)")
     parser.add_argument("--udp-port", type=int, help="report 'm<id> <time>' per row over UDP")
     args = parser.parse_args()
-    me = f"{socket.gethostname()}:{os.getpid()}:{name}"
+    claim, ack = (SAME_TABLE_CLAIM, SAME_TABLE_ACK) if args.same_table else (CLAIM, ACK)
+    me = f"{socket.gethostname()}:{os.getpid()}:{'baseline' if args.same_table else 'minimal'}"
     params = {"limit": 100, "me": me, "lease": 60.0}
     udp = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
     with psycopg.connect(args.dsn, autocommit=True) as conn:

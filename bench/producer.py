@@ -1,13 +1,14 @@
 """One producer process of the ``enqueue`` and ``keyed`` figures: rounds of one-row business transactions.
 
-    python bench/producer.py GO_DIR TRANSACTIONS MODE [MODE ...]
+    python bench/producer.py GO_DIR TRANSACTIONS
 
-Round ``i`` starts when ``GO_DIR/go-<i>`` appears and runs TRANSACTIONS of MODE, each an order plus:
-``send`` (``outbox.send()``), ``send_quiet`` (NOTIFY off), ``floor`` (one hand-written INSERT into the
-minimal table), ``floor_notify`` (and ``pg_notify``), ``key_one`` (NOTIFY off, every producer on one key)
-or ``key_many`` (a key per transaction). Prints ``ready``, then ``done <i> <seconds>`` per round.
+Round ``i`` starts when ``GO_DIR/go-<i>`` appears and runs TRANSACTIONS of the mode it names, each an
+order plus: ``send`` (``outbox.send()``), ``send_quiet`` (NOTIFY off), ``floor`` (one hand-written INSERT
+into the minimal table), ``floor_notify`` (and ``pg_notify``), ``key_one`` (NOTIFY off, every producer on
+one key) or ``key_many`` (a key per transaction). Prints ``ready``, then ``done <i> <seconds>`` per round.
 """
 
+import itertools
 import json
 import os
 import sys
@@ -37,14 +38,15 @@ def write(mode: str, i: int, order: Any) -> None:
         outbox.send("bench.noop", payload, key={"key_one": "one", "key_many": f"{os.getpid()}-{i}"}.get(mode))
 
 
-go_dir, transactions, modes = Path(sys.argv[1]), int(sys.argv[2]), sys.argv[3:]
+go_dir, transactions = Path(sys.argv[1]), int(sys.argv[2])
 for i in range(3):  # warm-up: connection, caches, plans
     business_transaction(i, partial(write, "send", i))
     business_transaction(i, partial(write, "floor", i))
 print("ready", flush=True)
-for number, mode in enumerate(modes):
+for number in itertools.count():  # until SIGTERM
     while not (go_dir / f"go-{number}").exists():
         time.sleep(0.001)
+    mode = (go_dir / f"go-{number}").read_text()
     started = time.perf_counter()
     with outbox_settings(NOTIFY=mode not in ("send_quiet", "key_one", "key_many")):
         for i in range(transactions):

@@ -17,7 +17,7 @@ DSN = os.environ.get("BENCH_COMPARE_DSN", "")
 
 async def main(command: str) -> None:
     async with await psycopg.AsyncConnection.connect(DSN, autocommit=True) as conn:
-        if command == "setup":
+        if command == "migrate":
             row = await (await conn.execute("SELECT to_regclass('pgqueuer')")).fetchone()
             if row is None or row[0] is None:
                 await Queries(PsycopgDriver(conn)).install()

@@ -17,7 +17,7 @@ def noop(n: int) -> None:
 
 if __name__ == "__main__":
     with app.open():
-        if sys.argv[1] == "setup":
+        if sys.argv[1] == "migrate":
             with psycopg.connect(os.environ["BENCH_COMPARE_DSN"]) as conn:
                 exists = conn.execute("SELECT to_regclass('procrastinate_jobs')").fetchone()
             if exists is None or exists[0] is None:
