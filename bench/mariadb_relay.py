@@ -1,7 +1,6 @@
 """The MariaDB reference: a hand-written relay with the two-statement claim, on a minimal twin table.
 
     python bench/mariadb_relay.py mysql://root@127.0.0.1:3306/bench_outbox_mariadb [--batch 100]
-        [--table bench_minimal_message]
 
 MariaDB has no ``UPDATE ... RETURNING`` and refuses ``LIMIT`` in an ``UPDATE``'s ``IN`` subquery, so the
 least a relay there can do per batch is what this one does: in one transaction, select up to ``--batch``
@@ -9,8 +8,7 @@ due pending rows in id order with ``FOR UPDATE SKIP LOCKED``, lease them with on
 a no-op per row; one fenced acknowledgement (delivered where ``locked_by`` is this relay and ``attempts``
 is the number it claimed), committed. No validation, no per-key order, no records of attempts.
 
-It runs on ``bench_minimal_message`` unless ``--table`` names another (``django_outbox_message``: the same
-relay on the project's own table and its indexes). The twin has the project's columns (copied with
+It runs on ``bench_minimal_message``, a twin of the message table: the project's columns (copied with
 ``CREATE TABLE ... LIKE``), its primary key and one index on ``(status, id)``, which backs the claim's
 ``ORDER BY`` (without one, InnoDB locks what it scans and a second relay gets nothing). Prints ``ready``
 once connected; idle, it polls every 5 ms. Stops on SIGTERM.
@@ -24,9 +22,13 @@ import argparse
 import os
 import signal
 import socket
+import sys
 import time
+from pathlib import Path
 from typing import Any
-from urllib.parse import urlparse
+
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+from bench import tables
 
 TABLE = "bench_minimal_message"
 #: InnoDB's "Deadlock found when trying to get lock": the transaction was rolled back whole.
@@ -58,18 +60,7 @@ ACK = (
 
 def connect(dsn: str, *, autocommit: bool = False) -> Any:
     """A mysqlclient connection in utf8mb4 and ``READ COMMITTED`` (Django's default for the backend)."""
-    import MySQLdb
-
-    url = urlparse(dsn)
-    conn = MySQLdb.connect(
-        host=url.hostname or "127.0.0.1",
-        port=url.port or 3306,
-        user=url.username or "root",
-        password=url.password or "",
-        database=url.path.lstrip("/"),
-        charset="utf8mb4",
-        autocommit=autocommit,
-    )
+    conn = tables.mysql(dsn, charset="utf8mb4", autocommit=autocommit)
     conn.cursor().execute("SET SESSION TRANSACTION ISOLATION LEVEL READ COMMITTED")
     return conn
 
@@ -98,7 +89,6 @@ def main() -> None:
     parser.add_argument("dsn")
     parser.add_argument("--batch", type=int, default=100)
     parser.add_argument("--lease", type=float, default=60.0)
-    parser.add_argument("--table", default=TABLE)
     args = parser.parse_args()
     import MySQLdb
 
@@ -112,7 +102,7 @@ def main() -> None:
     signal.signal(signal.SIGINT, stop)
     me = f"{socket.gethostname()}:{os.getpid()}:mariadb-reference"
     lease = round(args.lease * 1_000_000)
-    claim = CLAIM.format(table=args.table)
+    claim = CLAIM.format(table=TABLE)
     conn = connect(args.dsn)
     cursor = conn.cursor()
     print("ready", flush=True)
@@ -127,12 +117,11 @@ def main() -> None:
             ids = [r[0] for r in rows]
             marks = ", ".join(["%s"] * len(ids))
             try:
-                cursor.execute(LEASE.format(table=args.table, ids=marks), [me, lease, *ids])
+                cursor.execute(LEASE.format(table=TABLE, ids=marks), [me, lease, *ids])
             except MySQLdb.OperationalError as exc:
                 if exc.args[0] != ER_LOCK_DEADLOCK:
                     raise
-                # InnoDB rolled the claim back whole: nothing was leased, claim again (seen on the
-                # project's table, whose status-led indexes the lease rewrites, at two relays).
+                # InnoDB rolled the claim back whole: nothing was leased, claim again.
                 conn.rollback()
                 continue
             conn.commit()
@@ -144,7 +133,7 @@ def main() -> None:
                 by_attempt.setdefault(int(row[6]) + 1, []).append(int(row[0]))
             for attempt, group in by_attempt.items():
                 marks = ", ".join(["%s"] * len(group))
-                cursor.execute(ACK.format(table=args.table, ids=marks), [*group, me, attempt])
+                cursor.execute(ACK.format(table=TABLE, ids=marks), [*group, me, attempt])
             conn.commit()
     finally:
         conn.close()
