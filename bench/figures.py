@@ -376,16 +376,15 @@ def latency_summary(ms: list[float], sent: int) -> Json:
 
 
 @contextmanager
-def _idle_worker(ctx: Context, *options: str, minimal: bool = False) -> Iterator[dict[str, float]]:
-    """An idle worker that polls every second (and, with ``minimal``, the minimal relay waiting for a NOTIFY),
-    the times their handlers started reported by id as they arrive."""
+def _idle_workers(ctx: Context) -> Iterator[dict[str, float]]:
+    """An idle worker that polls every second and the minimal relay waiting for a NOTIFY, the times their
+    handlers started reported by id as they arrive."""
     with procs.udp_receiver() as (port, arrived):
         env = {"BENCH_UDP_PORT": str(port), "BENCH_POLL_INTERVAL": "1.0"}
-        started = [procs.outbox_worker(ctx.dsn, *options, env=env)]
         args = ("--listen", "bench_minimal", "--udp-port", str(port))
-        started += [procs.script("minimal_relay.py", ctx.dsn, *args)] if minimal else []
+        started = [procs.outbox_worker(ctx.dsn, env=env), procs.script("minimal_relay.py", ctx.dsn, *args)]
         try:
-            for p, ready in zip(started, ("relaying", "ready"), strict=False):
+            for p, ready in zip(started, ("relaying", "ready"), strict=True):
                 p.wait_for_line(ready)
             time.sleep(1.0)
             yield arrived
@@ -406,34 +405,6 @@ def _send_each(
         time.sleep(random.uniform(*GAP))
     procs.wait_for_all(arrived, sent, timeout)
     return sent
-
-
-def latency(ctx: Context, *, database: str) -> Json:
-    """Commit to handler start of messages sent one per transaction to an idle worker that polls every second
-    (the harness's SQLite figure)."""
-    from django.db import transaction
-
-    from django_outbox import outbox
-
-    def send(i: int) -> tuple[str, float]:
-        with transaction.atomic(using=database):
-            return str(outbox.send("bench.latency", {"n": i}, headers=TIMED, using=database).id), time.time()
-
-    reps: list[Json] = []
-    with _idle_worker(ctx, "--database", database) as arrived:
-        for _ in range(ctx.sizes.reps):
-            sent = _send_each(ctx, arrived, send, 10)
-            ms = [(arrived[k] - before) * 1000 for k, (_, before, _) in sent.items() if k in arrived]
-            reps.append(latency_summary(ms, len(sent)))
-            _log(ctx, f"latency {database}", reps[-1], "")
-    return {
-        "database": database,
-        "messages_per_rep": ctx.sizes.latency_messages,
-        **medians(reps, ("p50_ms", "p95_ms", "p99_ms")),
-        "lost": sum(r["sent"] - r["received"] for r in reps),
-        "reps": reps,
-        "poll_interval_s": 1.0,
-    }
 
 
 #: The latency figure's messages, in turn: the outbox's keyed and unkeyed, and the minimal relay's rows.
@@ -501,7 +472,7 @@ def latency_neighbour(ctx: Context) -> Json:
         return result
 
     phases = ("idle", "busy", "idle_async")
-    with _idle_worker(ctx, minimal=True) as arrived:
+    with _idle_workers(ctx) as arrived:
         reps = [{p: phase(arrived, p) for p in common.rotated(phases, rep)} for rep in range(ctx.sizes.reps)]
     out: Json = {"messages_per_phase": ctx.sizes.latency_messages, "reps": reps}
     for p in phases:

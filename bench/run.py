@@ -150,7 +150,7 @@ def main(argv: list[str] | None = None) -> int:
     dsn = os.environ["DATABASE_URL"]
     if not dsn.startswith("postgres"):
         args_parser.error("DATABASE_URL must name a PostgreSQL database of the benchmark's own")
-    common.setup_django("default", "sqlite")
+    common.setup_django("default")
 
     compare_python = args.compare_python or (str(DEFAULT_COMPARE_PYTHON) if DEFAULT_COMPARE_PYTHON.exists() else None)
     size_name = "smoke" if args.smoke else "quick" if args.quick else "full"
@@ -174,7 +174,6 @@ def main(argv: list[str] | None = None) -> int:
         ("send", "send_batch", "a. 100 messages in one transaction", lambda: figures.send_batch(ctx)),
         ("drain", "drain", "b. drain throughput", lambda: figures.drain(ctx)),
         ("latency", "latency_neighbour", "c. latency (busy neighbour)", lambda: figures.latency_neighbour(ctx)),
-        ("latency", "latency_sqlite", "c. latency (SQLite)", lambda: figures.latency(ctx, database="sqlite")),
         ("enqueue", "enqueue", "c. enqueue concurrency", lambda: figures.enqueue(ctx)),
         ("keyed", "keyed", "c. keyed producers", lambda: figures.keyed_producers(ctx)),
         ("scale", "claim_cost", "d. claim cost vs history", lambda: figures.claim_cost(ctx)),
