@@ -638,7 +638,7 @@ def server_facts(conn: BaseDatabaseWrapper) -> dict[str, Any]:
     }
 
 
-#: The virtual column the claim finds messages on, and its index (migration
+#: The generated column the claim finds messages on, and its index (migration
 #: ``0003_mysql_claim_key_index``): the key while a keyed message is open (``OPEN_STATUSES``), ``''``
 #: while an unkeyed message is pending (``send()`` refuses an empty key), NULL otherwise. It is on
 #: MariaDB/MySQL what two partial indexes are on PostgreSQL and SQLite, ``outbox_msg_key_open_idx`` and
@@ -652,13 +652,15 @@ UNKEYED = "''"
 
 
 def claim_key_column_sql(conn: BaseDatabaseWrapper) -> str:
-    """The column's definition: the key's type and bytewise collation (the initial migration's), computed,
-    never stored."""
+    """The column's definition: the key's type and bytewise collation (the initial migration's), computed
+    by the server and stored. Stored, not virtual: beside an indexed virtual column MariaDB can neither add
+    a column instantly nor rebuild the table without blocking writes, which every later release's
+    expand step needs."""
     collation = "utf8mb4_nopad_bin" if conn.mysql_is_mariadb else "utf8mb4_0900_bin"  # type: ignore[attr-defined]
     statuses = ", ".join(map(literal, OPEN_STATUSES))
     return (
         f"{CLAIM_KEY_COLUMN} varchar(200) CHARACTER SET utf8mb4 COLLATE {collation} AS (IF(`key` IS NULL,"
-        f" IF(status = {literal(PENDING)}, {UNKEYED}, NULL), IF(status IN ({statuses}), `key`, NULL))) VIRTUAL"
+        f" IF(status = {literal(PENDING)}, {UNKEYED}, NULL), IF(status IN ({statuses}), `key`, NULL))) STORED"
     )
 
 

@@ -175,8 +175,8 @@ def test_few_keys_behind_a_long_history_the_claim_and_the_lag_read_only_open_row
 
 
 def test_the_claim_index_migration_warns_on_a_large_table(caplog, monkeypatch):
-    """On a large table the build's final lock stops writes for seconds if workers drain meanwhile: the
-    migration says so, and what to do (the threshold is lowered here instead of writing a million rows)."""
+    """On a large table the copy that adds the column keeps every ``send()`` waiting: the migration says so,
+    and what to do (the threshold is lowered here instead of writing the rows)."""
     migration = importlib.import_module("django_outbox.migrations.0003_mysql_claim_key_index")
     monkeypatch.setattr(migration, "LARGE", -1)
     call_command("migrate", "django_outbox", "0002_pending_unkeyed_index", verbosity=0)
@@ -186,5 +186,19 @@ def test_the_claim_index_migration_warns_on_a_large_table(caplog, monkeypatch):
             call_command("migrate", "django_outbox", "0003_mysql_claim_key_index", verbosity=0)
     finally:
         call_command("migrate", "django_outbox", schema.package_latest(), verbosity=0)
-    assert "stop the workers while this migration runs" in caplog.text
+    assert "every send() waits for the copy to end" in caplog.text and "docs/upgrading.md" in caplog.text
+    assert indexes() == EXPECTED
+
+
+def test_a_later_column_is_added_and_dropped_instantly_beside_the_claim_index():
+    """A later release's expand step adds a column while ``send()`` and the claims go on: MariaDB must do it
+    without rebuilding the table. Beside an indexed *virtual* column it cannot (it copies the table under a
+    lock that blocks writes: a hundred seconds at 10,000,000 messages), so the claim's column is stored."""
+    with connection.cursor() as cursor:
+        cursor.execute("ALTER TABLE django_outbox_message ADD COLUMN probe_later int NULL, ALGORITHM=INSTANT")
+        try:
+            described = connection.introspection.get_table_description(cursor, Message._meta.db_table)
+            assert "probe_later" in {column.name for column in described}
+        finally:
+            cursor.execute("ALTER TABLE django_outbox_message DROP COLUMN probe_later, ALGORITHM=INSTANT")
     assert indexes() == EXPECTED
