@@ -22,13 +22,10 @@ import time
 from pathlib import Path
 from typing import Any
 
-ROOT = Path(__file__).resolve().parent.parent
-sys.path.insert(0, str(ROOT))
-from bench import common, procs, tables  # noqa: E402
-from bench.common import median  # noqa: E402
-from tests.chaos.run import PrivateCluster  # noqa: E402
-
-os.environ["DJANGO_SETTINGS_MODULE"] = "bench.settings"
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+from bench import common, procs, tables
+from bench.common import median
+from tests.chaos.run import PrivateCluster
 
 WALK = (
     "EXPLAIN (ANALYZE, BUFFERS, FORMAT JSON) SELECT id FROM django_outbox_message"
@@ -44,11 +41,8 @@ def _setting(conn: Any, tuned: bool) -> None:
     initial = importlib.import_module("django_outbox.migrations.0001_initial")
     # Only the autovacuum settings: the fillfactor beside them is kept in both runs.
     autovacuum = {k: v for k, v in initial.PG_MESSAGE_STORAGE.items() if k.startswith("autovacuum_")}
-    if tuned:
-        options = ", ".join(f"{name} = {value}" for name, value in autovacuum.items())
-        conn.execute(f"ALTER TABLE {tables.MESSAGE} SET ({options})")
-    else:
-        conn.execute(f"ALTER TABLE {tables.MESSAGE} RESET ({', '.join(autovacuum)})")
+    change = ", ".join(f"{k} = {v}" for k, v in autovacuum.items()) if tuned else ", ".join(autovacuum)
+    conn.execute(f"ALTER TABLE {tables.MESSAGE} {'SET' if tuned else 'RESET'} ({change})")
 
 
 def _walk(conn: Any) -> tuple[int, float]:
@@ -136,12 +130,7 @@ def main() -> int:
                 print(f"{'tuned' if tuned else 'default'} ...", flush=True)
                 result = run_once(dsn, tuned=tuned, history=args.history, rate=args.rate, seconds=args.seconds)
                 results.append(result)
-                print(
-                    "  autovacuum runs {autovacuum_runs:.0f}; walk pages median {walk_pages_median:.0f} max"
-                    " {walk_pages_max:.0f}; walk ms median {walk_ms_median:.2f} max {walk_ms_max:.2f}; dead tuples"
-                    " median {dead_median:.0f} max {dead_max:.0f}; pending max {pending_max:.0f}".format(**result),
-                    flush=True,
-                )
+                print("  " + ", ".join(f"{k} {v:,.2f}" for k, v in result.items() if isinstance(v, float)), flush=True)
     finally:
         from django.db import connections
 

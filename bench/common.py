@@ -140,15 +140,43 @@ def setup_django(*aliases: str, settings: str = "bench.settings") -> None:
         call_command("migrate", database=alias, verbosity=0)
 
 
-def each_database(args: argparse.Namespace, vendors: Sequence[str]) -> None:
-    """Run this script once per database, each in a process of its own, and write their JSON together."""
-    combined: Json = {}
+def dsn(vendor: str, name: str) -> str:
+    """The database ``name`` on the local PostgreSQL (``postgresql``) or MariaDB (``mysql``) server."""
+    server = "postgres://postgres@127.0.0.1:5432" if vendor == "postgresql" else "mysql://root@127.0.0.1:3306"
+    return f"{server}/{name}"
+
+
+def child_json(args: Sequence[str], *, flag: str = "--output", env: dict[str, str] | None = None) -> Any:
+    """Run ``args`` by this interpreter (``env`` added to the environment) with ``flag FILE``: the JSON it
+    wrote there (it failing raises)."""
     with tempfile.TemporaryDirectory() as tmp:
+        output = Path(tmp) / "child.json"
+        command = [sys.executable, *args, flag, str(output)]
+        subprocess.run(command, cwd=ROOT, env={**os.environ, **(env or {})}, check=True)
+        return json.loads(output.read_text())
+
+
+def database_parser(doc: str | None) -> argparse.ArgumentParser:
+    """The arguments of a script that :func:`by_database` runs: ``--databases`` and ``--json``."""
+    args = parser(doc)
+    args.add_argument("--databases", default="postgresql,mysql")
+    args.add_argument("--json", type=Path)
+    return args
+
+
+def by_database(args: argparse.Namespace, name: str, measure: Callable[[str], Json], **top: Any) -> None:
+    """``measure(vendor)`` in the database ``name`` of each server of ``--databases``, each in a process of its
+    own (Django reads its settings once a process); into ``--json``: ``{vendor: figures, **top}``."""
+    vendors = args.databases.split(",")
+    if len(vendors) > 1:
+        combined: Json = {}
+        options = [f"--{k.replace('_', '-')}={v}" for k, v in vars(args).items() if k not in ("databases", "json")]
         for vendor in vendors:
-            part = Path(tmp) / f"{vendor}.json"
-            options = [f"--{k.replace('_', '-')}={v}" for k, v in vars(args).items() if k not in ("databases", "json")]
-            command = [sys.executable, sys.argv[0], f"--databases={vendor}", f"--json={part}", *options]
-            subprocess.run(command, check=True)
-            combined.update(json.loads(part.read_text()))
+            script = str(Path(sys.argv[0]).resolve())
+            combined.update(child_json([script, f"--databases={vendor}", *options], flag="--json"))
+    else:
+        os.environ["DATABASE_URL"] = dsn(vendors[0], name)
+        os.environ["BENCH_LOG_LEVEL"] = "WARNING"
+        combined = {vendors[0]: measure(vendors[0]), **top}
     if args.json:
         write_json(args.json, combined)

@@ -3,34 +3,40 @@
 In ``MARIADB_URL`` (default :data:`DEFAULT_URL`), a database of the benchmark's own, created, migrated and
 emptied. The harness stays on PostgreSQL's settings: what runs Django on MariaDB is a child process.
 
-- Drain: ``outbox_worker --batch-size 100 --poll-interval 0.01`` processes (at one process also with
-  ``--concurrency 1``) beside as many hand-written relays (``bench/mariadb_relay.py``, the two-statement
-  claim) on the minimal twin table (``reference``) and on the project's own (``same_table``), every
-  system once per repetition in a rotated order, each draining a backlog committed at once. 10 ms is the
-  least poll interval the option takes (the relays sleep 5 ms), so no one waits out a 1 s poll.
-- send(): ``bench/mariadb_send.py`` in a child process.
+- Drain: ``outbox_worker --batch-size 100 --poll-interval 0.01`` processes (10 ms, the least the option
+  takes: the relays sleep 5 ms) beside as many hand-written relays (``bench/mariadb_relay.py``) on a
+  minimal twin table, in a rotated order, each draining a backlog committed at once.
+- send(): this script in a child process. Each transaction is an order plus: ``send`` (``outbox.send()``);
+  ``floor`` (the same row by one hand-written ``INSERT``); ``send_keyed`` and ``floor_keyed`` (with a key,
+  the floor then the key's lock row, then the row, as per-key order needs on MariaDB); ``plain``
+  (nothing); interleaved one transaction at a time. The target: ``send`` at most 1.1x its floor.
 """
 
 from __future__ import annotations
 
 import json
 import os
-import subprocess
 import sys
-import tempfile
 import time
-from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 from urllib.parse import urlparse
 
-from . import common, procs, tables
-from .common import ROOT, Json, median
-from .mariadb_relay import FILL, SOURCE, TABLE, connect, create_twin
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+from bench import common, procs, tables
+from bench.common import Json
+from bench.mariadb_relay import SOURCE, TABLE, connect
 
 __all__ = ["DEFAULT_URL", "connect", "measure", "reachable", "url"]
 DEFAULT_URL = "mysql://root@127.0.0.1:3306/bench_outbox_mariadb"
 POLL_INTERVAL = "0.01"
+MODES = ["plain", "send", "floor", "send_keyed", "floor_keyed"]
+FLOOR = (
+    "INSERT INTO django_outbox_message (uuid, topic, `key`, payload, headers, idempotency_key, status, attempts,"
+    " max_attempts, available_at, created_at, last_error) VALUES (REPLACE(UUID(), '-', ''), 'bench.noop', %s, %s,"
+    " '{}', NULL, 'pending', 0, 5, UTC_TIMESTAMP(6), UTC_TIMESTAMP(6), '')"
+)
+LOCK = "INSERT INTO django_outbox_key_lock (`key`) VALUES (%s) ON DUPLICATE KEY UPDATE `key` = `key`"
 
 
 def url() -> str:
@@ -48,105 +54,109 @@ def reachable(dsn: str) -> bool:
     return True
 
 
-@dataclass(frozen=True)
-class System:
-    name: str
-    table: str
-    ready_line: str
-    options: tuple[str, ...] = ()
-
-    def start(self, dsn: str) -> procs.Proc:
-        if self.ready_line == "relaying":
-            return procs.outbox_worker(dsn, "--batch-size", "100", "--poll-interval", POLL_INTERVAL, *self.options)
-        return procs.script("mariadb_relay.py", dsn, "--table", self.table)
-
-
-#: The worker as ``outbox_worker`` runs it: two delivery threads, two connections against the relay's one.
-OUTBOX = System("outbox", SOURCE, "relaying")
-OUTBOX_ONE_THREAD = System("outbox_one_thread", SOURCE, "relaying", ("--concurrency", "1"))
-REFERENCE = System("reference", TABLE, "ready")
-SAME_TABLE = System("same_table", SOURCE, "ready")
+def create_twin(cursor: Any) -> None:
+    """The twin: the project's columns as they are now, the primary key and one index on ``(status, id)``,
+    which backs the claim's ``ORDER BY`` (without one, InnoDB locks what it scans and a second relay gets
+    nothing)."""
+    cursor.execute(f"DROP TABLE IF EXISTS {TABLE}")
+    cursor.execute(f"CREATE TABLE {TABLE} LIKE {SOURCE}")
+    cursor.execute(
+        "SELECT DISTINCT index_name FROM information_schema.statistics"
+        " WHERE table_schema = DATABASE() AND table_name = %s AND index_name <> 'PRIMARY'",
+        [TABLE],
+    )
+    for (name,) in cursor.fetchall():
+        cursor.execute(f"ALTER TABLE {TABLE} DROP INDEX `{name}`")
+    cursor.execute(f"CREATE INDEX {TABLE}_status_id ON {TABLE} (status, id)")
 
 
-def drain_once(dsn: str, system: System, processes: int, n: int) -> float:
+def drain_once(cursor: Any, dsn: str, system: str, processes: int, n: int) -> float:
     """Messages per second for ``processes`` idle workers to drain a backlog of ``n`` committed at once."""
-    conn = connect(dsn, autocommit=True)
+    table = SOURCE if system == "outbox" else TABLE
+    for each in (SOURCE, "django_outbox_attempt", "django_outbox_worker", "django_outbox_key_lock", TABLE):
+        cursor.execute(f"TRUNCATE {each}")
+    if system == "outbox":
+        options = ("--batch-size", "100", "--poll-interval", POLL_INTERVAL)
+        started = [procs.outbox_worker(dsn, *options) for _ in range(processes)]
+    else:
+        started = [procs.script("mariadb_relay.py", dsn) for _ in range(processes)]
     try:
-        cursor = conn.cursor()
-        if system.table == SOURCE:
-            for table in (SOURCE, "django_outbox_attempt", "django_outbox_worker", "django_outbox_key_lock"):
-                cursor.execute(f"TRUNCATE {table}")
-        else:
-            cursor.execute(f"TRUNCATE {system.table}")
-        started = [system.start(dsn) for _ in range(processes)]
-        try:
-            for p in started:
-                p.wait_for_line(system.ready_line)
-            time.sleep(0.5)  # let them settle into their idle wait
-            cursor.execute(FILL.format(table=system.table, n=n))  # autocommit: committed at once
-            t0 = time.time()
+        for p in started:
+            p.wait_for_line("relaying" if system == "outbox" else "ready")
+        time.sleep(0.5)  # let them settle into their idle wait
+        cursor.execute(tables.fill_sql("mysql", n, table=table))  # autocommit: committed at once
+        t0 = time.time()
 
-            def done() -> bool:
-                cursor.execute(
-                    f"SELECT EXISTS (SELECT 1 FROM {system.table} WHERE status IN ('pending', 'processing'))"
-                )
-                return not cursor.fetchone()[0]
+        def done() -> bool:
+            cursor.execute(f"SELECT EXISTS (SELECT 1 FROM {table} WHERE status IN ('pending', 'processing'))")
+            return not cursor.fetchone()[0]
 
-            t1 = procs.wait_drained(done, started, f"{system.name} draining {n}", 120 + n / 100)
-            cursor.execute(f"SELECT COUNT(*) FROM {system.table} WHERE status = 'delivered'")
-            delivered = int(cursor.fetchone()[0])
-            if delivered != n:
-                raise RuntimeError(f"{system.name}: {delivered} of {n} delivered")
-        finally:
-            procs.stop_all(started)
+        t1 = procs.wait_drained(done, started, f"{system} draining {n}", 120 + n / 100)
+        cursor.execute(f"SELECT COUNT(*) FROM {table} WHERE status = 'delivered'")
+        if (delivered := int(cursor.fetchone()[0])) != n:
+            raise RuntimeError(f"{system}: {delivered} of {n} delivered")
     finally:
-        conn.close()
+        procs.stop_all(started)
     return n / (t1 - t0)
 
 
-def drain(dsn: str, *, messages: int, processes: tuple[int, ...], reps: int, log: Any) -> Json:
+def drain(cursor: Any, dsn: str, *, messages: int, processes: tuple[int, ...], reps: int, log: Any) -> Json:
     by: Json = {}
     for count in processes:
-        systems = [OUTBOX, REFERENCE, SAME_TABLE] + ([OUTBOX_ONE_THREAD] if count == 1 else [])
         rounds: list[Json] = []
         for rep in range(reps):
-            rounds.append({s.name: drain_once(dsn, s, count, messages) for s in common.rotated(systems, rep)})
+            systems = common.rotated(["outbox", "reference"], rep)
+            rounds.append({s: drain_once(cursor, dsn, s, count, messages) for s in systems})
             log(f"  mariadb drain x{count}: " + ", ".join(f"{k} {v:,.0f}/s" for k, v in rounds[-1].items()))
         ratio = common.ratio(rounds, "outbox", "reference")
         by[str(count)] = {
-            **common.medians(rounds, ("outbox", "reference", "same_table"), "_per_s"),
+            **common.medians(rounds, ("outbox", "reference"), "_per_s"),
             "ratio": ratio,
-            "ratio_same_table": common.ratio(rounds, "outbox", "same_table"),
-            "same_table_to_reference": common.ratio(rounds, "same_table", "reference"),
             "target": ">= 0.5x the hand-written two-statement relay (aim 0.8x)",
             "ok": ratio >= 0.5,
             "reps": rounds,
         }
-        if count == 1:
-            by["1"]["one_thread_per_s"] = median([r[OUTBOX_ONE_THREAD.name] for r in rounds])
-            by["1"]["ratio_one_thread"] = common.ratio(rounds, OUTBOX_ONE_THREAD.name, "reference")
     return {"messages": messages, "batch_size": 100, "poll_interval_s": float(POLL_INTERVAL), "by_processes": by}
 
 
-def send(dsn: str, *, transactions: int, reps: int, log: Any) -> Json:
-    """``bench/mariadb_send.py``'s figure, from a child process on MariaDB's settings."""
-    with tempfile.TemporaryDirectory() as tmp:
-        output = Path(tmp) / "send.json"
-        args = ["--transactions", str(transactions), "--reps", str(reps), "--output", str(output)]
-        proc = subprocess.run(
-            [sys.executable, str(ROOT / "bench" / "mariadb_send.py"), *args],
-            cwd=ROOT,
-            env={**os.environ, **common.django_env(dsn)},
-            capture_output=True,
-            text=True,
-        )
-        if proc.returncode != 0:
-            raise RuntimeError("bench/mariadb_send.py failed:\n" + proc.stdout[-3000:] + proc.stderr[-3000:])
-        for line in proc.stdout.splitlines():
-            if line.startswith("  rep"):
-                log("  mariadb send" + line[1:])
-        figure: Json = json.loads(output.read_text())
-    figure |= common.medians(figure["reps"], ("plain", "send", "floor", "send_keyed", "floor_keyed"), "_us_per_tx")
+def send(transactions: int, reps: int) -> Json:
+    """In the child process, on MariaDB's settings: median µs per transaction of each kind, per repetition."""
+    from django_outbox import outbox
+
+    def write(mode: str, i: int, order: Any) -> None:
+        payload, key = common.order_payload(order), f"order-{i % 50}" if mode.endswith("keyed") else None
+        if mode.startswith("send"):
+            outbox.send("bench.noop", payload, key=key)
+        elif mode.startswith("floor"):
+            if key:
+                common.execute(LOCK, [key])
+            common.execute(FLOOR, [key, json.dumps(payload)])
+
+    def empty() -> None:
+        for table in ("django_outbox_message", "django_outbox_key_lock", "shop_order"):
+            common.sql(f"DELETE FROM {table}")
+
+    def run(n: int) -> dict[str, float]:
+        empty()
+        return common.per_transaction(MODES, n, lambda m, i: common.business_transaction(i, lambda o: write(m, i, o)))
+
+    run(max(50, transactions // 10))  # warm-up: connection, caches
+    results: list[dict[str, float]] = []
+    for rep in range(reps):
+        results.append(run(transactions))
+        log = ", ".join(f"{k} {v:.0f} µs" for k, v in results[-1].items())
+        print(f"  mariadb send rep {rep + 1}: {log}", flush=True)
+    empty()
+    return {"transactions_per_kind_per_rep": transactions, "reps": results}
+
+
+def send_figures(dsn: str, *, transactions: int, reps: int) -> Json:
+    args = [__file__, "--transactions", str(transactions), "--reps", str(reps)]
+    figure: Json = common.child_json(args, env=common.django_env(dsn))
+    pairs = [("send", "floor"), ("send_keyed", "floor_keyed"), ("send", "plain"), ("floor", "plain")]
+    for mode, reference in [*pairs, ("send_keyed", "plain")]:
+        figure[f"{mode}_vs_{reference}"] = round(common.ratio(figure["reps"], mode, reference), 3)
+    figure |= common.medians(figure["reps"], MODES, "_us_per_tx")
     figure["target"] = "<= 1.1x the hand-written INSERT floor"
     figure["ok"] = figure["send_vs_floor"] <= 1.1
     return figure
@@ -160,12 +170,24 @@ def measure(dsn: str, *, messages: int, processes: tuple[int, ...], reps: int, t
         cursor = conn.cursor()
         cursor.execute("SELECT VERSION()")
         version = str(cursor.fetchone()[0])
-        create_twin(conn)
+        log(f"  {version}, database {urlparse(dsn).path.lstrip('/')!r}")
+        create_twin(cursor)
+        figures = drain(cursor, dsn, messages=messages, processes=processes, reps=reps, log=log)
     finally:
         conn.close()
-    log(f"  {version}, database {urlparse(dsn).path.lstrip('/')!r}")
-    return {
-        "server": version,
-        "drain": drain(dsn, messages=messages, processes=processes, reps=reps, log=log),
-        "send": send(dsn, transactions=transactions, reps=reps, log=log),
-    }
+    return {"server": version, "drain": figures, "send": send_figures(dsn, transactions=transactions, reps=reps)}
+
+
+def main() -> None:
+    parser = common.parser("The send() figure's child process (DATABASE_URL: MariaDB); see the module's docstring.")
+    parser.add_argument("--transactions", type=int, default=1000, help="transactions of each kind per repetition")
+    parser.add_argument("--reps", type=int, default=3)
+    parser.add_argument("--output", type=Path, required=True)
+    args = parser.parse_args()
+    common.setup_django("default")
+    version = common.sql("SELECT VERSION()")[0][0]
+    common.write_json(args.output, {"server": version, **send(args.transactions, args.reps)})
+
+
+if __name__ == "__main__":
+    main()

@@ -1,7 +1,6 @@
 """The MariaDB reference: a hand-written relay with the two-statement claim, on a minimal twin table.
 
     python bench/mariadb_relay.py mysql://root@127.0.0.1:3306/bench_outbox_mariadb [--batch 100]
-        [--table bench_minimal_message]
 
 MariaDB has no ``UPDATE ... RETURNING`` and refuses ``LIMIT`` in an ``UPDATE``'s ``IN`` subquery, so the
 least a relay there can do per batch is what this one does: in one transaction, select up to ``--batch``
@@ -9,13 +8,8 @@ due pending rows in id order with ``FOR UPDATE SKIP LOCKED``, lease them with on
 a no-op per row; one fenced acknowledgement (delivered where ``locked_by`` is this relay and ``attempts``
 is the number it claimed), committed. No validation, no per-key order, no records of attempts.
 
-It runs on ``bench_minimal_message`` unless ``--table`` names another (``django_outbox_message``: the same
-relay on the project's own table and its indexes). The twin has the project's columns (copied with
-``CREATE TABLE ... LIKE``), its primary key and one index on ``(status, id)``, which backs the claim's
-``ORDER BY`` (without one, InnoDB locks what it scans and a second relay gets nothing). Prints ``ready``
-once connected; idle, it polls every 5 ms. Stops on SIGTERM.
-
-The harness (``bench/mariadb.py``) creates the twin with :func:`create_twin` and fills it with :data:`FILL`.
+It runs on ``bench_minimal_message``, the twin of the project's table that ``bench/mariadb.py`` creates.
+Prints ``ready`` once connected; idle, it polls every 5 ms. Stops on SIGTERM.
 """
 
 from __future__ import annotations
@@ -24,69 +18,37 @@ import argparse
 import os
 import signal
 import socket
+import sys
 import time
+from pathlib import Path
 from typing import Any
-from urllib.parse import urlparse
+
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+from bench import tables
 
 TABLE = "bench_minimal_message"
+SOURCE = "django_outbox_message"
 #: InnoDB's "Deadlock found when trying to get lock": the transaction was rolled back whole.
 ER_LOCK_DEADLOCK = 1213
-SOURCE = "django_outbox_message"
-COLUMNS = (
-    "uuid, topic, `key`, payload, headers, idempotency_key, status, attempts, max_attempts, available_at,"
-    " created_at, last_error"
-)
-#: ``n`` pending rows as ``outbox.send()`` writes them, from MariaDB's sequence engine (no Python per row).
-FILL = (
-    "INSERT INTO {table} (" + COLUMNS + ") SELECT REPLACE(UUID(), '-', ''), 'bench.noop', NULL,"
-    " JSON_OBJECT('order_id', seq, 'item', 'book'), '{{}}', NULL, 'pending', 0, 5, UTC_TIMESTAMP(6),"
-    " UTC_TIMESTAMP(6), '' FROM seq_1_to_{n}"
-)
 CLAIM = (
-    "SELECT id, uuid, topic, `key`, payload, headers, attempts FROM {table}"
+    f"SELECT id, uuid, topic, `key`, payload, headers, attempts FROM {TABLE}"
     " WHERE status = 'pending' AND available_at <= UTC_TIMESTAMP(6) ORDER BY id LIMIT %s FOR UPDATE SKIP LOCKED"
 )
 LEASE = (
-    "UPDATE {table} SET status = 'processing', locked_by = %s,"
+    f"UPDATE {TABLE} SET status = 'processing', locked_by = %s,"
     " locked_until = UTC_TIMESTAMP(6) + INTERVAL %s MICROSECOND, attempts = attempts + 1 WHERE id IN ({ids})"
 )
 ACK = (
-    "UPDATE {table} SET status = 'delivered', delivered_at = UTC_TIMESTAMP(6), locked_by = NULL,"
+    f"UPDATE {TABLE} SET status = 'delivered', delivered_at = UTC_TIMESTAMP(6), locked_by = NULL,"
     " locked_until = NULL WHERE id IN ({ids}) AND locked_by = %s AND attempts = %s"
 )
 
 
 def connect(dsn: str, *, autocommit: bool = False) -> Any:
     """A mysqlclient connection in utf8mb4 and ``READ COMMITTED`` (Django's default for the backend)."""
-    import MySQLdb
-
-    url = urlparse(dsn)
-    conn = MySQLdb.connect(
-        host=url.hostname or "127.0.0.1",
-        port=url.port or 3306,
-        user=url.username or "root",
-        password=url.password or "",
-        database=url.path.lstrip("/"),
-        charset="utf8mb4",
-        autocommit=autocommit,
-    )
+    conn = tables.mysql(dsn, charset="utf8mb4", autocommit=autocommit)
     conn.cursor().execute("SET SESSION TRANSACTION ISOLATION LEVEL READ COMMITTED")
     return conn
-
-
-def create_twin(conn: Any) -> None:
-    """The twin: the project's columns as they are now, the primary key and the claim's index only."""
-    cursor = conn.cursor()
-    cursor.execute(f"DROP TABLE IF EXISTS {TABLE}")
-    cursor.execute(f"CREATE TABLE {TABLE} LIKE {SOURCE}")
-    cursor.execute(
-        "SELECT DISTINCT index_name FROM information_schema.statistics"
-        " WHERE table_schema = DATABASE() AND table_name = %s AND index_name <> 'PRIMARY'",
-        [TABLE],
-    )
-    for (name,) in cursor.fetchall():
-        cursor.execute(f"ALTER TABLE {TABLE} DROP INDEX `{name}`")
-    cursor.execute(f"CREATE INDEX {TABLE}_status_id ON {TABLE} (status, id)")
 
 
 def handle(row: tuple[Any, ...]) -> None:
@@ -98,7 +60,6 @@ def main() -> None:
     parser.add_argument("dsn")
     parser.add_argument("--batch", type=int, default=100)
     parser.add_argument("--lease", type=float, default=60.0)
-    parser.add_argument("--table", default=TABLE)
     args = parser.parse_args()
     import MySQLdb
 
@@ -112,13 +73,12 @@ def main() -> None:
     signal.signal(signal.SIGINT, stop)
     me = f"{socket.gethostname()}:{os.getpid()}:mariadb-reference"
     lease = round(args.lease * 1_000_000)
-    claim = CLAIM.format(table=args.table)
     conn = connect(args.dsn)
     cursor = conn.cursor()
     print("ready", flush=True)
     try:
         while not stopping:
-            cursor.execute(claim, [args.batch])
+            cursor.execute(CLAIM, [args.batch])
             rows = cursor.fetchall()
             if not rows:
                 conn.commit()
@@ -127,7 +87,7 @@ def main() -> None:
             ids = [r[0] for r in rows]
             marks = ", ".join(["%s"] * len(ids))
             try:
-                cursor.execute(LEASE.format(table=args.table, ids=marks), [me, lease, *ids])
+                cursor.execute(LEASE.format(ids=marks), [me, lease, *ids])
             except MySQLdb.OperationalError as exc:
                 if exc.args[0] != ER_LOCK_DEADLOCK:
                     raise
@@ -144,7 +104,7 @@ def main() -> None:
                 by_attempt.setdefault(int(row[6]) + 1, []).append(int(row[0]))
             for attempt, group in by_attempt.items():
                 marks = ", ".join(["%s"] * len(group))
-                cursor.execute(ACK.format(table=args.table, ids=marks), [*group, me, attempt])
+                cursor.execute(ACK.format(ids=marks), [*group, me, attempt])
             conn.commit()
     finally:
         conn.close()

@@ -11,23 +11,42 @@ import psycopg
 MESSAGE = "django_outbox_message"
 ATTEMPT = "django_outbox_attempt"
 
-# Rows as outbox.send() writes them: pending, no key, a small JSON payload.
-PENDING = f"""
-INSERT INTO {MESSAGE} (uuid, topic, key, payload, headers, idempotency_key, status, attempts, max_attempts,
-    available_at, created_at, last_error)
-SELECT gen_random_uuid(), 'bench.noop', NULL, jsonb_build_object('order_id', i, 'item', 'book'), '{{}}'::jsonb,
-    NULL, 'pending', 0, 5, now(), now(), ''
-FROM generate_series(1, %(n)s) AS i
-"""
-# History: delivered messages, as a busy outbox that keeps them (no archiving) would hold.
-HISTORY = f"""
-INSERT INTO {MESSAGE} (uuid, topic, key, payload, headers, idempotency_key, status, attempts, max_attempts,
-    available_at, created_at, delivered_at, last_error)
-SELECT gen_random_uuid(), 'bench.noop', NULL, jsonb_build_object('order_id', i, 'item', 'book'), '{{}}'::jsonb,
-    NULL, 'delivered', 1, 5, now() - make_interval(secs => %(n)s - i), now() - make_interval(secs => %(n)s - i),
-    now() - make_interval(secs => %(n)s - i), ''
-FROM generate_series(1, %(n)s) AS i
-"""
+
+def fill_sql(
+    vendor: str, n: int | str, *, table: str = MESSAGE, status: str = "pending", key: str = "NULL", spread: bool = False
+) -> str:
+    """``n`` rows of ``table`` as ``outbox.send()`` writes them (``delivered``: as a worker leaves them) from
+    PostgreSQL's ``generate_series`` or MariaDB's sequence engine: no Python per row. ``key``: an SQL
+    expression of the row's number ``i``; ``spread`` (PostgreSQL): one row a second up to now, the history a
+    busy outbox that keeps it (no archiving) holds."""
+    pg = vendor == "postgresql"
+    now = f"now() - make_interval(secs => {n} - i)" if spread else "now()" if pg else "UTC_TIMESTAMP(6)"
+    uuid, json, headers = (
+        ("gen_random_uuid()", "jsonb_build_object", "'{}'::jsonb")
+        if pg
+        else ("REPLACE(UUID(), '-', '')", "JSON_OBJECT", "'{}'")
+    )
+    rows = f"generate_series(1, {n}) AS i" if pg else f"(SELECT seq AS i FROM seq_1_to_{n}) AS s"
+    return (
+        f"INSERT INTO {table} (uuid, topic, {'key' if pg else '`key`'}, payload, headers, idempotency_key, status,"
+        " attempts, max_attempts, available_at, created_at, delivered_at, last_error)"
+        f" SELECT {uuid}, 'bench.noop', {key}, {json}('order_id', i, 'item', 'book'), {headers}, NULL, '{status}',"
+        f" {int(status == 'delivered')}, 5, {now}, {now}, {now if status == 'delivered' else 'NULL'}, '' FROM {rows}"
+    )
+
+
+PENDING = fill_sql("postgresql", "%(n)s")
+HISTORY = fill_sql("postgresql", "%(n)s", status="delivered", spread=True)
+
+
+def fill(vendor: str, n: int, *, chunk: int = 1_000_000, **options: Any) -> None:
+    """:func:`fill_sql` on Django's default connection in chunks of ``chunk`` rows, then the table analyzed."""
+    from django.db import connection
+
+    with connection.cursor() as cursor:
+        for start in range(0, n, chunk):
+            cursor.execute(fill_sql(vendor, min(chunk, n - start), **options))
+        cursor.execute(f"ANALYZE {'' if vendor == 'postgresql' else 'TABLE '}{MESSAGE}")
 
 
 def mysql(dsn: str, *, database: bool = True, **options: Any) -> Any:

@@ -119,7 +119,7 @@ def bench_mariadb_dsn():
 
 
 def test_smoke_run_measures_mariadb(bench_dsn, bench_mariadb_dsn, tmp_path):
-    """The MariaDB section: the drain beside both two-statement relays, send() beside its INSERT floor."""
+    """The MariaDB section: the drain beside the two-statement relay, send() beside its INSERT floor."""
     output = tmp_path / "results.json"
     run = subprocess.run(
         [sys.executable, "bench/run.py", "--smoke", "--only", "mariadb", "--output", str(output)],
@@ -135,7 +135,7 @@ def test_smoke_run_measures_mariadb(bench_dsn, bench_mariadb_dsn, tmp_path):
     maria = figures["mariadb"]
     assert "MariaDB" in maria["server"]
     rounds = maria["drain"]["by_processes"]["1"]["reps"]
-    systems = {"outbox", "outbox_one_thread", "reference", "same_table"}
+    systems = {"outbox", "reference"}
     assert rounds and all(set(r) == systems and min(r.values()) > 0 for r in rounds)
     assert maria["send"]["send_us_per_tx"] > 0 and maria["send"]["floor_us_per_tx"] > 0
     for row in ("| MariaDB drain, 1 worker processes", "the two-statement relay", "| MariaDB `send()` in"):
