@@ -17,7 +17,6 @@ from __future__ import annotations
 import importlib
 import os
 import sys
-import threading
 import time
 from pathlib import Path
 from typing import Any
@@ -68,39 +67,28 @@ def run_once(dsn: str, *, tuned: bool, history: int, rate: int, seconds: float) 
     # Housekeeping off: it would archive the history (older than ARCHIVE_AFTER), and those deletes, not
     # the relaying, would then decide when autovacuum runs.
     worker = procs.outbox_worker(dsn, "--batch-size", "100", env={"BENCH_HOUSEKEEPING_INTERVAL": "0"})
-    stop = threading.Event()
-    sent = 0
-
-    def produce() -> None:
-        nonlocal sent
-        per_tx = max(1, rate // 10)
-        with tables.connect(dsn) as conn:
-            next_at = time.monotonic()
-            while not stop.is_set():
-                tables.fill_pending(conn, per_tx)
-                sent += per_tx
-                next_at += 0.1
-                time.sleep(max(0.0, next_at - time.monotonic()))
-
+    per_tx, sent = max(1, rate // 10), 0
     samples: list[dict[str, float]] = []
     try:
         worker.wait_for_line("relaying")
-        producer = threading.Thread(target=produce, daemon=True)
-        started = time.monotonic()
-        producer.start()
-        with tables.connect(dsn) as conn:
-            while (elapsed := time.monotonic() - started) < seconds:
-                time.sleep(5.0)
-                pages, ms = _walk(conn)
-                row = conn.execute(STATS).fetchone()
-                assert row is not None
-                dead, vacuums, pending = (float(str(value)) for value in row)
-                sample = {"t": elapsed, "pages": pages, "ms": ms, "dead": dead, "pending": pending}
-                samples.append(sample | {"vacuums": vacuums - vacuums_before})
-        stop.set()
-        producer.join()
+        with tables.connect(dsn) as producer, tables.connect(dsn) as conn:
+            started = next_at = time.monotonic()
+            next_sample = started + 5.0
+            while time.monotonic() - started < seconds:
+                tables.fill_pending(producer, per_tx)  # a commit every 0.1 s
+                sent += per_tx
+                if time.monotonic() >= next_sample:
+                    next_sample += 5.0
+                    pages, ms = _walk(conn)
+                    row = conn.execute(STATS).fetchone()
+                    assert row is not None
+                    dead, vacuums, pending = (float(str(value)) for value in row)
+                    t = time.monotonic() - started
+                    samples.append({"t": t, "pages": pages, "ms": ms, "dead": dead, "pending": pending})
+                    samples[-1]["vacuums"] = vacuums - vacuums_before
+                next_at += 0.1
+                time.sleep(max(0.0, next_at - time.monotonic()))
     finally:
-        stop.set()
         procs.stop_all([worker])
     late = [s for s in samples if s["t"] >= seconds / 2]
     result: dict[str, Any] = {"tuned": tuned, "reloptions": options[0] if options else None, "sent": sent}

@@ -140,12 +140,6 @@ def setup_django(*aliases: str, settings: str = "bench.settings") -> None:
         call_command("migrate", database=alias, verbosity=0)
 
 
-def dsn(vendor: str, name: str) -> str:
-    """The database ``name`` on the local PostgreSQL (``postgresql``) or MariaDB (``mysql``) server."""
-    server = "postgres://postgres@127.0.0.1:5432" if vendor == "postgresql" else "mysql://root@127.0.0.1:3306"
-    return f"{server}/{name}"
-
-
 def child_json(args: Sequence[str], *, flag: str = "--output", env: dict[str, str] | None = None) -> Any:
     """Run ``args`` by this interpreter (``env`` added to the environment) with ``flag FILE``: the JSON it
     wrote there (it failing raises)."""
@@ -156,17 +150,10 @@ def child_json(args: Sequence[str], *, flag: str = "--output", env: dict[str, st
         return json.loads(output.read_text())
 
 
-def database_parser(doc: str | None) -> argparse.ArgumentParser:
-    """The arguments of a script that :func:`by_database` runs: ``--databases`` and ``--json``."""
-    args = parser(doc)
-    args.add_argument("--databases", default="postgresql,mysql")
-    args.add_argument("--json", type=Path)
-    return args
-
-
 def by_database(args: argparse.Namespace, name: str, measure: Callable[[str], Json], **top: Any) -> None:
-    """``measure(vendor)`` in the database ``name`` of each server of ``--databases``, each in a process of its
-    own (Django reads its settings once a process); into ``--json``: ``{vendor: figures, **top}``."""
+    """``measure(vendor)`` in the database ``name`` of each local server of ``--databases`` (``postgresql``,
+    ``mysql``), each in a process of its own (Django reads its settings once a process); into ``--json``:
+    ``{vendor: figures, **top}``."""
     vendors = args.databases.split(",")
     if len(vendors) > 1:
         combined: Json = {}
@@ -175,7 +162,8 @@ def by_database(args: argparse.Namespace, name: str, measure: Callable[[str], Js
             script = str(Path(sys.argv[0]).resolve())
             combined.update(child_json([script, f"--databases={vendor}", *options], flag="--json"))
     else:
-        os.environ["DATABASE_URL"] = dsn(vendors[0], name)
+        server = "postgres://postgres@127.0.0.1:5432" if vendors[0] == "postgresql" else "mysql://root@127.0.0.1:3306"
+        os.environ["DATABASE_URL"] = f"{server}/{name}"
         os.environ["BENCH_LOG_LEVEL"] = "WARNING"
         combined = {vendors[0]: measure(vendors[0]), **top}
     if args.json:

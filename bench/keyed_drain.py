@@ -91,12 +91,14 @@ def measure(vendor: str, args: Any) -> dict[str, Any]:
 
 
 def main() -> None:
-    parser = common.database_parser(__doc__)
+    parser = common.parser(__doc__)
+    parser.add_argument("--databases", default="postgresql,mysql")
     parser.add_argument("--messages", type=int, default=20_000)
     parser.add_argument("--keys", default="0,10000,100,5,1")
     parser.add_argument("--cut", type=float, default=90.0)
     parser.add_argument("--reps", type=int, default=3)
     parser.add_argument("--backlogs", default="1000,10000,100000")
+    parser.add_argument("--json", type=Path)
     args = parser.parse_args()
     if args.keys.split(",")[0] != "0":
         parser.error("--keys must start with 0: every figure is a ratio to the unkeyed drain of its repetition")

@@ -18,6 +18,7 @@ import json
 import os
 import sys
 import time
+from contextlib import closing
 from pathlib import Path
 from typing import Any
 from urllib.parse import urlparse
@@ -120,7 +121,7 @@ def drain(cursor: Any, dsn: str, *, messages: int, processes: tuple[int, ...], r
 
 
 def send(transactions: int, reps: int) -> Json:
-    """In the child process, on MariaDB's settings: median µs per transaction of each kind, per repetition."""
+    """The send() figure, in the child process (on MariaDB's settings)."""
     from django_outbox import outbox
 
     def write(mode: str, i: int, order: Any) -> None:
@@ -132,62 +133,44 @@ def send(transactions: int, reps: int) -> Json:
                 common.execute(LOCK, [key])
             common.execute(FLOOR, [key, json.dumps(payload)])
 
-    def empty() -> None:
+    def run(n: int) -> dict[str, float]:
         for table in ("django_outbox_message", "django_outbox_key_lock", "shop_order"):
             common.sql(f"DELETE FROM {table}")
-
-    def run(n: int) -> dict[str, float]:
-        empty()
         return common.per_transaction(MODES, n, lambda m, i: common.business_transaction(i, lambda o: write(m, i, o)))
 
     run(max(50, transactions // 10))  # warm-up: connection, caches
-    results: list[dict[str, float]] = []
+    results: list[Json] = []
     for rep in range(reps):
         results.append(run(transactions))
-        log = ", ".join(f"{k} {v:.0f} µs" for k, v in results[-1].items())
-        print(f"  mariadb send rep {rep + 1}: {log}", flush=True)
-    empty()
-    return {"transactions_per_kind_per_rep": transactions, "reps": results}
-
-
-def send_figures(dsn: str, *, transactions: int, reps: int) -> Json:
-    args = [__file__, "--transactions", str(transactions), "--reps", str(reps)]
-    figure: Json = common.child_json(args, env=common.django_env(dsn))
+        shown = ", ".join(f"{k} {v:.0f} µs" for k, v in results[-1].items())
+        print(f"  mariadb send rep {rep + 1}: {shown}", flush=True)
+    figure: Json = {"transactions_per_kind_per_rep": transactions, "reps": results}
     pairs = [("send", "floor"), ("send_keyed", "floor_keyed"), ("send", "plain"), ("floor", "plain")]
     for mode, reference in [*pairs, ("send_keyed", "plain")]:
-        figure[f"{mode}_vs_{reference}"] = round(common.ratio(figure["reps"], mode, reference), 3)
-    figure |= common.medians(figure["reps"], MODES, "_us_per_tx")
-    figure["target"] = "<= 1.1x the hand-written INSERT floor"
-    figure["ok"] = figure["send_vs_floor"] <= 1.1
-    return figure
+        figure[f"{mode}_vs_{reference}"] = round(common.ratio(results, mode, reference), 3)
+    figure |= common.medians(results, MODES, "_us_per_tx")
+    return figure | {"target": "<= 1.1x the hand-written INSERT floor", "ok": figure["send_vs_floor"] <= 1.1}
 
 
 def measure(dsn: str, *, messages: int, processes: tuple[int, ...], reps: int, transactions: int, log: Any) -> Json:
     tables.ensure_database(dsn)
     common.manage(dsn, "migrate", "--verbosity", "0")
-    conn = connect(dsn, autocommit=True)
-    try:
+    with closing(connect(dsn, autocommit=True)) as conn:
         cursor = conn.cursor()
         cursor.execute("SELECT VERSION()")
         version = str(cursor.fetchone()[0])
         log(f"  {version}, database {urlparse(dsn).path.lstrip('/')!r}")
         create_twin(cursor)
         figures = drain(cursor, dsn, messages=messages, processes=processes, reps=reps, log=log)
-    finally:
-        conn.close()
-    return {"server": version, "drain": figures, "send": send_figures(dsn, transactions=transactions, reps=reps)}
+    args = [__file__, str(transactions), str(reps)]
+    return {"server": version, "drain": figures, "send": common.child_json(args, env=common.django_env(dsn))}
 
 
-def main() -> None:
-    parser = common.parser("The send() figure's child process (DATABASE_URL: MariaDB); see the module's docstring.")
-    parser.add_argument("--transactions", type=int, default=1000, help="transactions of each kind per repetition")
-    parser.add_argument("--reps", type=int, default=3)
+if __name__ == "__main__":  # the send() figure's child process, DATABASE_URL naming the MariaDB database
+    parser = common.parser(__doc__)
+    parser.add_argument("transactions", type=int, help="transactions of each kind per repetition")
+    parser.add_argument("reps", type=int)
     parser.add_argument("--output", type=Path, required=True)
     args = parser.parse_args()
     common.setup_django("default")
-    version = common.sql("SELECT VERSION()")[0][0]
-    common.write_json(args.output, {"server": version, **send(args.transactions, args.reps)})
-
-
-if __name__ == "__main__":
-    main()
+    common.write_json(args.output, send(args.transactions, args.reps))

@@ -19,6 +19,7 @@ import os
 import signal
 import socket
 import sys
+import threading
 import time
 from pathlib import Path
 from typing import Any
@@ -63,21 +64,16 @@ def main() -> None:
     args = parser.parse_args()
     import MySQLdb
 
-    stopping = False
-
-    def stop(signum: int, frame: object) -> None:
-        nonlocal stopping
-        stopping = True
-
-    signal.signal(signal.SIGTERM, stop)
-    signal.signal(signal.SIGINT, stop)
+    stopping = threading.Event()
+    for signum in (signal.SIGTERM, signal.SIGINT):
+        signal.signal(signum, lambda *_: stopping.set())
     me = f"{socket.gethostname()}:{os.getpid()}:mariadb-reference"
     lease = round(args.lease * 1_000_000)
     conn = connect(args.dsn)
     cursor = conn.cursor()
     print("ready", flush=True)
     try:
-        while not stopping:
+        while not stopping.is_set():
             cursor.execute(CLAIM, [args.batch])
             rows = cursor.fetchall()
             if not rows:

@@ -39,6 +39,8 @@ VARIANTS: dict[str, tuple[str | None, str, tuple[str, ...]]] = {
 #: The workers of the ``package`` variant run the code before its migrations (the previous release, as
 #: far as the schema goes); the package's own code would wait for them to be applied.
 WORKER_MODULE = {"package": "tests.support.migration_samples.initial"}
+#: A send() call: its start, its duration, its failure (or "").
+Call = tuple[float, float, str]
 #: Seconds of load before the first migration (the floor is measured there) and between migrations.
 SETTLE = 3.0
 
@@ -50,37 +52,29 @@ def migrate(variant: str, *args: str) -> float:
     return common.manage(os.environ["DATABASE_URL"], "migrate", *args, "-v0", quiet=True, **extra)
 
 
-class Producer(threading.Thread):
+def produce(stopping: threading.Event, calls: list[Call]) -> None:
     """``outbox.send()`` every 5 ms in a transaction of its own; each call's start, duration and failure."""
+    from django.db import connections, transaction
 
-    def __init__(self) -> None:
-        super().__init__(daemon=True)
-        self.stopping = threading.Event()
-        self.calls: list[tuple[float, float, str]] = []
+    from django_outbox import outbox
 
-    def run(self) -> None:
-        from django.db import connections, transaction
+    try:
+        while not stopping.is_set():
+            started, error = time.monotonic(), ""
+            try:
+                with transaction.atomic():
+                    outbox.send("bench.noop", {"order_id": len(calls), "item": "book"})
+            except Exception as exc:
+                error = repr(exc)[:200]
+            calls.append((started, time.monotonic() - started, error))
+            stopping.wait(max(0.0, 0.005 - calls[-1][1]))
+    finally:
+        connections.close_all()
 
-        from django_outbox import outbox
 
-        try:
-            while not self.stopping.is_set():
-                started = time.monotonic()
-                error = ""
-                try:
-                    with transaction.atomic():
-                        outbox.send("bench.noop", {"order_id": len(self.calls), "item": "book"})
-                except Exception as exc:
-                    error = repr(exc)[:200]
-                took = time.monotonic() - started
-                self.calls.append((started, took, error))
-                self.stopping.wait(max(0.0, 0.005 - took))
-        finally:
-            connections.close_all()
-
-    def longest(self, start: float, end: float) -> float:
-        """The longest call that overlapped [start, end]."""
-        return max((took for began, took, _ in self.calls if began <= end and began + took >= start), default=0.0)
+def longest_call(calls: list[Call], start: float, end: float) -> float:
+    """The longest call that overlapped [start, end]."""
+    return max((took for began, took, _ in calls if began <= end and began + took >= start), default=0.0)
 
 
 def run_variant(vendor: str, variant: str, pending: int) -> dict[str, Any]:
@@ -91,20 +85,21 @@ def run_variant(vendor: str, variant: str, pending: int) -> dict[str, Any]:
     module = WORKER_MODULE.get(variant)
     env = {"BENCH_MIGRATION_MODULE": module} if module else {}
     workers = [procs.outbox_worker(os.environ["DATABASE_URL"], "--poll-interval", "0.2", env=env) for _ in range(2)]
-    producer = Producer()
+    stopping, calls = threading.Event(), list[Call]()
+    producer = threading.Thread(target=produce, args=(stopping, calls), daemon=True)
     producer.start()
     figures: dict[str, Any] = {}
     try:
         time.sleep(SETTLE)
         for step in steps:
-            floor = producer.longest(time.monotonic() - SETTLE + 0.5, time.monotonic())
+            floor = longest_call(calls, time.monotonic() - SETTLE + 0.5, time.monotonic())
             started = time.monotonic()
             took = migrate(variant, "django_outbox", step)
-            longest = producer.longest(started, time.monotonic())
+            longest = longest_call(calls, started, time.monotonic())
             figures[step] = {"migrate_s": took, "longest_send_s": longest, "floor_s": floor}
             time.sleep(SETTLE)
     finally:
-        producer.stopping.set()
+        stopping.set()
         producer.join(timeout=30)
         procs.stop_all(workers)
     errors = [line for w in workers for line in w.lines if "Traceback" in line or "ERROR" in line or "rror:" in line]
@@ -112,9 +107,9 @@ def run_variant(vendor: str, variant: str, pending: int) -> dict[str, Any]:
     common.sql("DELETE FROM django_outbox_message WHERE status <> 'delivered'")
     return {
         "steps": figures,
-        "sends": len(producer.calls),
-        "failed_sends": sum(1 for *_, error in producer.calls if error),
-        "first_failure": next((error for *_, error in producer.calls if error), ""),
+        "sends": len(calls),
+        "failed_sends": sum(1 for *_, error in calls if error),
+        "first_failure": next((error for *_, error in calls if error), ""),
         "worker_error_lines": errors[:5],
         "worker_errors": len(errors),
     }
@@ -161,11 +156,13 @@ def measure(vendor: str, sizes: list[int], pending: int, reps: int, variants: li
 
 
 def main() -> None:
-    parser = common.database_parser(__doc__)
+    parser = common.parser(__doc__)
+    parser.add_argument("--databases", default="postgresql,mysql")
     parser.add_argument("--rows", default="1000000,10000000")
     parser.add_argument("--pending", type=int, default=100_000)
     parser.add_argument("--reps", type=int, default=3)
     parser.add_argument("--variants", default=",".join(VARIANTS), help="online, plain, package")
+    parser.add_argument("--json", type=Path)
     args = parser.parse_args()
     sizes, variants = [int(r) for r in args.rows.split(",")], args.variants.split(",")
     common.by_database(args, "bench_online", lambda vendor: measure(vendor, sizes, args.pending, args.reps, variants))

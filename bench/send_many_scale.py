@@ -66,12 +66,12 @@ def child(items: int, keyed_items: int, reps: int) -> Json:
                 payloads = [json.dumps({"order_id": i, "item": "book"}) for i in range(n)]
                 common.sql(f"INSERT INTO {MINIMAL} (topic, {key}, payload, created_at) VALUES {values}", payloads)
             else:
+                field = {"idempotent": "idempotency_key", "keyed": "key"}.get(kind)
                 batch: list[dict[str, Any]] = []
                 for i in range(n):
-                    item: dict[str, Any] = {"topic": "bench.noop", "payload": {"order_id": i, "item": "book"}}
-                    if kind != "unkeyed":
-                        item["idempotency_key" if kind == "idempotent" else "key"] = f"r{rep}-{kind[0]}{i}"
-                    batch.append(item)
+                    batch.append({"topic": "bench.noop", "payload": {"order_id": i, "item": "book"}})
+                    if field:
+                        batch[-1][field] = f"r{rep}-{kind[0]}{i}"
                 outbox.send_many(batch)
         return n / (time.perf_counter() - started)
 
@@ -80,7 +80,7 @@ def child(items: int, keyed_items: int, reps: int) -> Json:
         reps_out.append({kind: run(kind, rep) for kind in common.rotated(KINDS, rep)})
         print("  rep", rep, {k: round(v) for k, v in reps_out[-1].items()}, flush=True)
     empty()
-    return {"vendor": connection.vendor, "reps": reps_out}
+    return {"reps": reps_out}
 
 
 def measure(pg_dsn: str, mariadb_dsn: str, *, items: int, keyed_items: int, reps: int) -> Json:

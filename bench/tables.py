@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import time
+from contextlib import closing
 from typing import Any
 from urllib.parse import urlparse
 
@@ -10,6 +11,7 @@ import psycopg
 
 MESSAGE = "django_outbox_message"
 ATTEMPT = "django_outbox_attempt"
+Conn = psycopg.Connection[tuple[object, ...]]
 
 
 def fill_sql(
@@ -70,15 +72,11 @@ def ensure_database(dsn: str, *, fresh: bool = False) -> None:
     parsed = urlparse(dsn)
     name = parsed.path.lstrip("/")
     if parsed.scheme.startswith("mysql"):
-        conn = mysql(dsn, database=False, autocommit=True)
-        try:
+        with closing(mysql(dsn, database=False, autocommit=True)) as server:
             if fresh:
-                conn.cursor().execute(f"DROP DATABASE IF EXISTS `{name}`")
-            conn.cursor().execute(
-                f"CREATE DATABASE IF NOT EXISTS `{name}` CHARACTER SET utf8mb4 COLLATE utf8mb4_unicode_ci"
-            )
-        finally:
-            conn.close()
+                server.cursor().execute(f"DROP DATABASE IF EXISTS `{name}`")
+            charset = "CHARACTER SET utf8mb4 COLLATE utf8mb4_unicode_ci"
+            server.cursor().execute(f"CREATE DATABASE IF NOT EXISTS `{name}` {charset}")
         return
     with psycopg.connect(parsed._replace(path="/postgres").geturl(), autocommit=True) as conn:
         if fresh:
@@ -87,18 +85,16 @@ def ensure_database(dsn: str, *, fresh: bool = False) -> None:
             conn.execute(f'CREATE DATABASE "{name}"')
 
 
-def connect(dsn: str) -> psycopg.Connection[tuple[object, ...]]:
+def connect(dsn: str) -> Conn:
     return psycopg.connect(dsn, autocommit=True)
 
 
-def truncate(conn: psycopg.Connection[tuple[object, ...]]) -> None:
+def truncate(conn: Conn) -> None:
     conn.execute(f"TRUNCATE {MESSAGE}, {ATTEMPT} RESTART IDENTITY CASCADE")
     conn.execute("TRUNCATE django_outbox_worker")
 
 
-def fill_pending(
-    conn: psycopg.Connection[tuple[object, ...]], n: int, *, channel: str = "django_outbox", analyze: bool = False
-) -> float:
+def fill_pending(conn: Conn, n: int, *, channel: str = "django_outbox", analyze: bool = False) -> float:
     """Commit ``n`` pending messages in one transaction with one NOTIFY; returns the time after the commit.
 
     ``analyze``: the same transaction analyzes the table, so every relay starts with statistics of the
@@ -112,15 +108,15 @@ def fill_pending(
     return time.time()
 
 
-def fill_history(conn: psycopg.Connection[tuple[object, ...]], n: int) -> None:
+def fill_history(conn: Conn, n: int) -> None:
     conn.execute(HISTORY, {"n": n})
 
 
-def vacuum(conn: psycopg.Connection[tuple[object, ...]]) -> None:
+def vacuum(conn: Conn) -> None:
     conn.execute(f"VACUUM ANALYZE {MESSAGE}")
     conn.execute(f"VACUUM ANALYZE {ATTEMPT}")
 
 
-def count(conn: psycopg.Connection[tuple[object, ...]], status: str) -> int:
+def count(conn: Conn, status: str) -> int:
     row = conn.execute(f"SELECT count(*) FROM {MESSAGE} WHERE status = %s", [status]).fetchone()
     return int(str(row[0])) if row else 0
