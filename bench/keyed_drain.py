@@ -75,14 +75,11 @@ def measure(vendor: str, args: Any) -> dict[str, Any]:
     common.setup_django("default")
     key_counts = [int(k) for k in args.keys.split(",")]
     rates: dict[int, list[float]] = {k: [] for k in key_counts}
-    ratios: dict[int, list[float]] = {k: [] for k in key_counts}
     for rep in range(args.reps):
-        this = {keys: drain(vendor, args.messages, keys, args.cut) for keys in key_counts}
-        for keys, rate in this.items():
-            rates[keys].append(rate)
-            ratios[keys].append(rate / this[0] if this.get(0) else float("nan"))
-        shown = ", ".join(f"{k or 'no'} keys {r:,.0f}/s ({ratios[k][-1]:.2f}x)" for k, r in this.items())
-        print(f"{vendor} rep {rep + 1}: {shown}", flush=True)
+        for keys in key_counts:
+            rates[keys].append(drain(vendor, args.messages, keys, args.cut))
+        print(f"{vendor} rep {rep + 1}: " + ", ".join(f"{k or 'no'} keys {r[-1]:,.0f}/s" for k, r in rates.items()))
+    ratios = {k: [r / u if u else float("nan") for r, u in zip(rates[k], rates[0], strict=True)] for k in rates}
     costs = {}
     for backlog in (int(b) for b in args.backlogs.split(",")):
         costs[backlog] = claim_cost(vendor, backlog)

@@ -115,18 +115,11 @@ def main() -> int:
     if args.child:
         common.write_json(args.output, child(args.items, args.keyed_items, args.reps))
         return 0
-    from bench import mariadb
+    from bench import mariadb, table
 
     pg = os.environ.get("DATABASE_URL") or PG_URL
     figure = measure(pg, mariadb.url(), items=args.items, keyed_items=args.keyed_items, reps=args.reps)
-
-    def cells(database: Json, kind: str) -> list[str]:
-        return [f"{database['per_s'][kind]:,.0f}", f"{database['vs_reference'].get(kind, 1.0):.2f}x"]
-
-    ratios = figure["mariadb_vs_postgresql"]
-    rows = [[k, *cells(figure["postgresql"], k), *cells(figure["mariadb"], k), f"{ratios[k]:.2f}x"] for k in KINDS]
-    header = ("kind", "PostgreSQL items/s", "vs its reference", "MariaDB items/s", "vs its reference", "MariaDB / PG")
-    print("\n" + common.markdown(header, rows))
+    print("\n" + table.render({"mode": "full", "figures": {"send_many": figure}}))
     output = args.output or ROOT / "bench" / "results" / "send-many-scale.json"
     common.write_json(output, figure)
     print(f"\nwrote {output}")
