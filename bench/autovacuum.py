@@ -17,18 +17,14 @@ from __future__ import annotations
 import importlib
 import os
 import sys
-import threading
 import time
 from pathlib import Path
 from typing import Any
 
-ROOT = Path(__file__).resolve().parent.parent
-sys.path.insert(0, str(ROOT))
-from bench import common, procs, tables  # noqa: E402
-from bench.common import median  # noqa: E402
-from tests.chaos.run import PrivateCluster  # noqa: E402
-
-os.environ["DJANGO_SETTINGS_MODULE"] = "bench.settings"
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+from bench import common, procs, tables
+from bench.common import median
+from tests.chaos.run import PrivateCluster
 
 WALK = (
     "EXPLAIN (ANALYZE, BUFFERS, FORMAT JSON) SELECT id FROM django_outbox_message"
@@ -44,11 +40,8 @@ def _setting(conn: Any, tuned: bool) -> None:
     initial = importlib.import_module("django_outbox.migrations.0001_initial")
     # Only the autovacuum settings: the fillfactor beside them is kept in both runs.
     autovacuum = {k: v for k, v in initial.PG_MESSAGE_STORAGE.items() if k.startswith("autovacuum_")}
-    if tuned:
-        options = ", ".join(f"{name} = {value}" for name, value in autovacuum.items())
-        conn.execute(f"ALTER TABLE {tables.MESSAGE} SET ({options})")
-    else:
-        conn.execute(f"ALTER TABLE {tables.MESSAGE} RESET ({', '.join(autovacuum)})")
+    change = ", ".join(f"{k} = {v}" for k, v in autovacuum.items()) if tuned else ", ".join(autovacuum)
+    conn.execute(f"ALTER TABLE {tables.MESSAGE} {'SET' if tuned else 'RESET'} ({change})")
 
 
 def _walk(conn: Any) -> tuple[int, float]:
@@ -74,39 +67,28 @@ def run_once(dsn: str, *, tuned: bool, history: int, rate: int, seconds: float) 
     # Housekeeping off: it would archive the history (older than ARCHIVE_AFTER), and those deletes, not
     # the relaying, would then decide when autovacuum runs.
     worker = procs.outbox_worker(dsn, "--batch-size", "100", env={"BENCH_HOUSEKEEPING_INTERVAL": "0"})
-    stop = threading.Event()
-    sent = 0
-
-    def produce() -> None:
-        nonlocal sent
-        per_tx = max(1, rate // 10)
-        with tables.connect(dsn) as conn:
-            next_at = time.monotonic()
-            while not stop.is_set():
-                tables.fill_pending(conn, per_tx)
-                sent += per_tx
-                next_at += 0.1
-                time.sleep(max(0.0, next_at - time.monotonic()))
-
+    per_tx, sent = max(1, rate // 10), 0
     samples: list[dict[str, float]] = []
     try:
         worker.wait_for_line("relaying")
-        producer = threading.Thread(target=produce, daemon=True)
-        started = time.monotonic()
-        producer.start()
-        with tables.connect(dsn) as conn:
-            while (elapsed := time.monotonic() - started) < seconds:
-                time.sleep(5.0)
-                pages, ms = _walk(conn)
-                row = conn.execute(STATS).fetchone()
-                assert row is not None
-                dead, vacuums, pending = (float(str(value)) for value in row)
-                sample = {"t": elapsed, "pages": pages, "ms": ms, "dead": dead, "pending": pending}
-                samples.append(sample | {"vacuums": vacuums - vacuums_before})
-        stop.set()
-        producer.join()
+        with tables.connect(dsn) as producer, tables.connect(dsn) as conn:
+            started = next_at = time.monotonic()
+            next_sample = started + 5.0
+            while time.monotonic() - started < seconds:
+                tables.fill_pending(producer, per_tx)  # a commit every 0.1 s
+                sent += per_tx
+                if time.monotonic() >= next_sample:
+                    next_sample += 5.0
+                    pages, ms = _walk(conn)
+                    row = conn.execute(STATS).fetchone()
+                    assert row is not None
+                    dead, vacuums, pending = (float(str(value)) for value in row)
+                    t = time.monotonic() - started
+                    samples.append({"t": t, "pages": pages, "ms": ms, "dead": dead, "pending": pending})
+                    samples[-1]["vacuums"] = vacuums - vacuums_before
+                next_at += 0.1
+                time.sleep(max(0.0, next_at - time.monotonic()))
     finally:
-        stop.set()
         procs.stop_all([worker])
     late = [s for s in samples if s["t"] >= seconds / 2]
     result: dict[str, Any] = {"tuned": tuned, "reloptions": options[0] if options else None, "sent": sent}
@@ -136,12 +118,7 @@ def main() -> int:
                 print(f"{'tuned' if tuned else 'default'} ...", flush=True)
                 result = run_once(dsn, tuned=tuned, history=args.history, rate=args.rate, seconds=args.seconds)
                 results.append(result)
-                print(
-                    "  autovacuum runs {autovacuum_runs:.0f}; walk pages median {walk_pages_median:.0f} max"
-                    " {walk_pages_max:.0f}; walk ms median {walk_ms_median:.2f} max {walk_ms_max:.2f}; dead tuples"
-                    " median {dead_median:.0f} max {dead_max:.0f}; pending max {pending_max:.0f}".format(**result),
-                    flush=True,
-                )
+                print("  " + ", ".join(f"{k} {v:,.2f}" for k, v in result.items() if isinstance(v, float)), flush=True)
     finally:
         from django.db import connections
 

@@ -93,11 +93,6 @@ def sql(statement: str, params: Any = None) -> list[tuple[Any, ...]]:
         return list(cursor.fetchall()) if cursor.description else []
 
 
-def markdown(header: Sequence[str], rows: Sequence[Sequence[str]]) -> str:
-    lines = ["| " + " | ".join(header) + " |", "|" + "---|" * len(header)]
-    return "\n".join(lines + ["| " + " | ".join(row) + " |" for row in rows])
-
-
 def write_json(path: Path, data: Any) -> None:
     path.parent.mkdir(parents=True, exist_ok=True)
     path.write_text(json.dumps(data, indent=2, default=str) + "\n")
@@ -140,15 +135,31 @@ def setup_django(*aliases: str, settings: str = "bench.settings") -> None:
         call_command("migrate", database=alias, verbosity=0)
 
 
-def each_database(args: argparse.Namespace, vendors: Sequence[str]) -> None:
-    """Run this script once per database, each in a process of its own, and write their JSON together."""
-    combined: Json = {}
+def child_json(args: Sequence[str], *, flag: str = "--output", env: dict[str, str] | None = None) -> Any:
+    """Run ``args`` by this interpreter (``env`` added to the environment) with ``flag FILE``: the JSON it
+    wrote there (it failing raises)."""
     with tempfile.TemporaryDirectory() as tmp:
+        output = Path(tmp) / "child.json"
+        command = [sys.executable, *args, flag, str(output)]
+        subprocess.run(command, cwd=ROOT, env={**os.environ, **(env or {})}, check=True)
+        return json.loads(output.read_text())
+
+
+def by_database(args: argparse.Namespace, name: str, measure: Callable[[str], Json], **top: Any) -> None:
+    """``measure(vendor)`` in the database ``name`` of each local server of ``--databases`` (``postgresql``,
+    ``mysql``), each in a process of its own (Django reads its settings once a process); into ``--json``:
+    ``{vendor: figures, **top}``."""
+    vendors = args.databases.split(",")
+    if len(vendors) > 1:
+        combined: Json = {}
+        options = [f"--{k.replace('_', '-')}={v}" for k, v in vars(args).items() if k not in ("databases", "json")]
         for vendor in vendors:
-            part = Path(tmp) / f"{vendor}.json"
-            options = [f"--{k.replace('_', '-')}={v}" for k, v in vars(args).items() if k not in ("databases", "json")]
-            command = [sys.executable, sys.argv[0], f"--databases={vendor}", f"--json={part}", *options]
-            subprocess.run(command, check=True)
-            combined.update(json.loads(part.read_text()))
+            script = str(Path(sys.argv[0]).resolve())
+            combined.update(child_json([script, f"--databases={vendor}", *options], flag="--json"))
+    else:
+        server = "postgres://postgres@127.0.0.1:5432" if vendors[0] == "postgresql" else "mysql://root@127.0.0.1:3306"
+        os.environ["DATABASE_URL"] = f"{server}/{name}"
+        os.environ["BENCH_LOG_LEVEL"] = "WARNING"
+        combined = {vendors[0]: measure(vendors[0]), **top}
     if args.json:
         write_json(args.json, combined)

@@ -19,46 +19,23 @@ import time
 from pathlib import Path
 from typing import Any
 
-ROOT = Path(__file__).resolve().parent.parent
-sys.path.insert(0, str(ROOT))
-from bench import common, procs, tables  # noqa: E402
-from bench.common import median, sql  # noqa: E402
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+from bench import common, procs, tables
+from bench.common import median, sql
 
-DSN = {
-    "postgresql": "postgres://postgres@127.0.0.1:5432/bench_keyed",
-    "mysql": "mysql://root@127.0.0.1:3306/bench_keyed",
-}
-FILL = {
-    "postgresql": """
-INSERT INTO django_outbox_message (uuid, topic, key, payload, headers, status, attempts, max_attempts,
-    available_at, created_at, last_error)
-SELECT gen_random_uuid(), 'bench.noop', {key}, jsonb_build_object('n', i), '{{}}'::jsonb, 'pending', 0, 5,
-    now(), now(), ''
-FROM generate_series(1, {n}) AS i
-""",
-    "mysql": """
-INSERT INTO django_outbox_message (uuid, topic, `key`, payload, headers, status, attempts, max_attempts,
-    available_at, created_at, last_error)
-SELECT UUID(), 'bench.noop', {key}, JSON_OBJECT('n', seq), '{{}}', 'pending', 0, 5, UTC_TIMESTAMP(6),
-    UTC_TIMESTAMP(6), ''
-FROM seq_1_to_{n}
-""",
-}
-KEY_EXPR = {"postgresql": "'key-' || (i % {keys})", "mysql": "CONCAT('key-', seq MOD {keys})"}
+PROCESSES = 2
 
 
 def refill(vendor: str, n: int, keys: int) -> None:
     sql("DELETE FROM django_outbox_attempt")
     sql("DELETE FROM django_outbox_message")
-    sql(FILL[vendor].format(n=n, key=KEY_EXPR[vendor].format(keys=keys) if keys else "NULL"))
-    sql("ANALYZE TABLE django_outbox_message" if vendor == "mysql" else "ANALYZE django_outbox_message")
+    tables.fill(vendor, n, key=f"CONCAT('key-', i % {keys})" if keys else "NULL")
 
 
 def drain(vendor: str, messages: int, keys: int, cut: float) -> float:
     refill(vendor, messages, keys)
-    command = [sys.executable, str(ROOT / "manage.py"), "outbox_worker", "--until-empty", "--poll-interval", "0.2"]
-    env = common.django_env(DSN[vendor], BENCH_LOG_LEVEL="WARNING")
-    workers = [procs.Proc(command, env=env) for _ in range(2)]
+    dsn = os.environ["DATABASE_URL"]
+    workers = [procs.outbox_worker(dsn, "--until-empty", "--poll-interval", "0.2") for _ in range(PROCESSES)]
     deadline = time.monotonic() + cut
     try:
         while any(w.alive() for w in workers) and time.monotonic() < deadline:
@@ -94,20 +71,15 @@ def claim_cost(vendor: str, backlog: int) -> float:
 
 
 def measure(vendor: str, args: Any) -> dict[str, Any]:
-    tables.ensure_database(DSN[vendor], fresh=True)
+    tables.ensure_database(os.environ["DATABASE_URL"], fresh=True)
     common.setup_django("default")
     key_counts = [int(k) for k in args.keys.split(",")]
     rates: dict[int, list[float]] = {k: [] for k in key_counts}
-    ratios: dict[int, list[float]] = {k: [] for k in key_counts}
     for rep in range(args.reps):
-        this = {keys: drain(vendor, args.messages, keys, args.cut) for keys in key_counts}
-        for keys, rate in this.items():
-            rates[keys].append(rate)
-            ratios[keys].append(rate / this[0] if this.get(0) else float("nan"))
-        print(f"{vendor} rep {rep + 1}: " + ", ".join(f"{k or 'no'} keys {r:,.0f}/s" for k, r in this.items()))
-    print(f"\n{vendor}: {args.messages:,} messages, two worker processes, medians of {args.reps}")
-    rows = [(str(k or "none"), f"{median(rates[k]):,.0f}", f"{median(ratios[k]):.3f}x") for k in key_counts]
-    print(common.markdown(("keys", "msg/s", "vs unkeyed"), rows))
+        for keys in key_counts:
+            rates[keys].append(drain(vendor, args.messages, keys, args.cut))
+        print(f"{vendor} rep {rep + 1}: " + ", ".join(f"{k or 'no'} keys {r[-1]:,.0f}/s" for k, r in rates.items()))
+    ratios = {k: [r / u if u else float("nan") for r, u in zip(rates[k], rates[0], strict=True)] for k in rates}
     costs = {}
     for backlog in (int(b) for b in args.backlogs.split(",")):
         costs[backlog] = claim_cost(vendor, backlog)
@@ -127,15 +99,9 @@ def main() -> None:
     args = parser.parse_args()
     if args.keys.split(",")[0] != "0":
         parser.error("--keys must start with 0: every figure is a ratio to the unkeyed drain of its repetition")
-    vendors = args.databases.split(",")
-    if len(vendors) > 1:  # one process per database: Django reads its settings once per process
-        common.each_database(args, vendors)
-        return
-    os.environ["DATABASE_URL"] = DSN[vendors[0]]
-    os.environ["BENCH_LOG_LEVEL"] = "WARNING"
-    results = measure(vendors[0], args)
-    if args.json:
-        common.write_json(args.json, {vendors[0]: results})
+    common.by_database(
+        args, "bench_keyed", lambda vendor: measure(vendor, args), messages=args.messages, processes=PROCESSES
+    )
 
 
 if __name__ == "__main__":

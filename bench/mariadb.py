@@ -1,39 +1,37 @@
 """bench/run.py's MariaDB section: the drain and send() on MariaDB, each beside its hand-written floor.
 
 In ``MARIADB_URL`` (default :data:`DEFAULT_URL`), a database of the benchmark's own, created, migrated and
-emptied. The harness stays on PostgreSQL's settings: what runs Django on MariaDB is a child process
-(``python -m bench.mariadb --send``).
+emptied. The harness stays on PostgreSQL's settings: what runs Django on MariaDB is a child process.
 
-- Drain: ``outbox_worker --batch-size 100 --poll-interval 0.01`` processes beside as many hand-written
-  relays (``bench/mariadb_relay.py``, the two-statement claim) on the minimal twin table, each once per
-  repetition in alternating order, each draining a backlog committed at once. 10 ms is the least poll
-  interval the option takes (the relays sleep 5 ms), so no one waits out a 1 s poll.
-- send(): each transaction is the business write (an order) plus ``send`` (``outbox.send()``), ``floor``
-  (the same row by one hand-written ``INSERT`` into the project's table), ``send_keyed`` and
-  ``floor_keyed`` (with a key, the floor then being the two statements per-key order needs on MariaDB:
-  the key's lock row, then the row) or nothing (``plain``), interleaved one transaction at a time.
+- Drain: ``outbox_worker --batch-size 100 --poll-interval 0.01`` processes (10 ms, the least the option
+  takes: the relays sleep 5 ms) beside as many hand-written relays (``bench/mariadb_relay.py``) on a
+  minimal twin table, in a rotated order, each draining a backlog committed at once.
+- send(): this script in a child process. Each transaction is an order plus: ``send`` (``outbox.send()``);
+  ``floor`` (the same row by one hand-written ``INSERT``); ``send_keyed`` and ``floor_keyed`` (with a key,
+  the floor then the key's lock row, then the row, as per-key order needs on MariaDB); ``plain``
+  (nothing); interleaved one transaction at a time. The target: ``send`` at most 1.1x its floor.
 """
 
 from __future__ import annotations
 
 import json
 import os
-import subprocess
 import sys
-import tempfile
 import time
+from contextlib import closing
 from pathlib import Path
 from typing import Any
 from urllib.parse import urlparse
 
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 from bench import common, procs, tables
-from bench.common import ROOT, Json
-from bench.mariadb_relay import FILL, SOURCE, TABLE, connect, create_twin
+from bench.common import Json
+from bench.mariadb_relay import SOURCE, TABLE, connect
 
 __all__ = ["DEFAULT_URL", "connect", "measure", "reachable", "url"]
 DEFAULT_URL = "mysql://root@127.0.0.1:3306/bench_outbox_mariadb"
 POLL_INTERVAL = "0.01"
-SEND_MODES = ("plain", "send", "floor", "send_keyed", "floor_keyed")
+MODES = ["plain", "send", "floor", "send_keyed", "floor_keyed"]
 FLOOR = (
     "INSERT INTO django_outbox_message (uuid, topic, `key`, payload, headers, idempotency_key, status, attempts,"
     " max_attempts, available_at, created_at, last_error) VALUES (REPLACE(UUID(), '-', ''), 'bench.noop', %s, %s,"
@@ -57,139 +55,122 @@ def reachable(dsn: str) -> bool:
     return True
 
 
-def drain_once(dsn: str, system: str, processes: int, n: int) -> float:
-    """Messages per second for ``processes`` idle ``system`` processes to drain ``n`` committed at once."""
+def create_twin(cursor: Any) -> None:
+    """The twin: the project's columns as they are now, the primary key and one index on ``(status, id)``,
+    which backs the claim's ``ORDER BY`` (without one, InnoDB locks what it scans and a second relay gets
+    nothing)."""
+    cursor.execute(f"DROP TABLE IF EXISTS {TABLE}")
+    cursor.execute(f"CREATE TABLE {TABLE} LIKE {SOURCE}")
+    cursor.execute(
+        "SELECT DISTINCT index_name FROM information_schema.statistics"
+        " WHERE table_schema = DATABASE() AND table_name = %s AND index_name <> 'PRIMARY'",
+        [TABLE],
+    )
+    for (name,) in cursor.fetchall():
+        cursor.execute(f"ALTER TABLE {TABLE} DROP INDEX `{name}`")
+    cursor.execute(f"CREATE INDEX {TABLE}_status_id ON {TABLE} (status, id)")
+
+
+def drain_once(cursor: Any, dsn: str, system: str, processes: int, n: int) -> float:
+    """Messages per second for ``processes`` idle workers to drain a backlog of ``n`` committed at once."""
     table = SOURCE if system == "outbox" else TABLE
-    conn = connect(dsn, autocommit=True)
+    for each in (SOURCE, "django_outbox_attempt", "django_outbox_worker", "django_outbox_key_lock", TABLE):
+        cursor.execute(f"TRUNCATE {each}")
+    if system == "outbox":
+        options = ("--batch-size", "100", "--poll-interval", POLL_INTERVAL)
+        started = [procs.outbox_worker(dsn, *options) for _ in range(processes)]
+    else:
+        started = [procs.script("mariadb_relay.py", dsn) for _ in range(processes)]
     try:
-        cursor = conn.cursor()
-        for name in (SOURCE, "django_outbox_attempt", "django_outbox_worker", "django_outbox_key_lock", TABLE):
-            cursor.execute(f"TRUNCATE {name}")
-        if system == "outbox":
-            args, ready = ["--batch-size", "100", "--poll-interval", POLL_INTERVAL], "relaying"
-            started = [procs.outbox_worker(dsn, *args) for _ in range(processes)]
-        else:
-            started, ready = [procs.script("mariadb_relay.py", dsn) for _ in range(processes)], "ready"
-        try:
-            for p in started:
-                p.wait_for_line(ready)
-            time.sleep(0.5)  # let them settle into their idle wait
-            cursor.execute(FILL.format(table=table, n=n))  # autocommit: committed at once
-            t0 = time.time()
+        for p in started:
+            p.wait_for_line("relaying" if system == "outbox" else "ready")
+        time.sleep(0.5)  # let them settle into their idle wait
+        cursor.execute(tables.fill_sql("mysql", n, table=table))  # autocommit: committed at once
+        t0 = time.time()
 
-            def done() -> bool:
-                cursor.execute(f"SELECT EXISTS (SELECT 1 FROM {table} WHERE status IN ('pending', 'processing'))")
-                return not cursor.fetchone()[0]
+        def done() -> bool:
+            cursor.execute(f"SELECT EXISTS (SELECT 1 FROM {table} WHERE status IN ('pending', 'processing'))")
+            return not cursor.fetchone()[0]
 
-            t1 = procs.wait_drained(done, started, f"{system} draining {n}", 120 + n / 100)
-            cursor.execute(f"SELECT COUNT(*) FROM {table} WHERE status = 'delivered'")
-            if (delivered := int(cursor.fetchone()[0])) != n:
-                raise RuntimeError(f"{system}: {delivered} of {n} delivered")
-        finally:
-            procs.stop_all(started)
+        t1 = procs.wait_drained(done, started, f"{system} draining {n}", 120 + n / 100)
+        cursor.execute(f"SELECT COUNT(*) FROM {table} WHERE status = 'delivered'")
+        if (delivered := int(cursor.fetchone()[0])) != n:
+            raise RuntimeError(f"{system}: {delivered} of {n} delivered")
     finally:
-        conn.close()
+        procs.stop_all(started)
     return n / (t1 - t0)
 
 
-def drain(dsn: str, *, messages: int, processes: tuple[int, ...], reps: int, log: Any) -> Json:
+def drain(cursor: Any, dsn: str, *, messages: int, processes: tuple[int, ...], reps: int, log: Any) -> Json:
     by: Json = {}
     for count in processes:
         rounds: list[Json] = []
         for rep in range(reps):
-            order = common.rotated(["outbox", "reference"], rep)
-            rounds.append({system: drain_once(dsn, system, count, messages) for system in order})
+            systems = common.rotated(["outbox", "reference"], rep)
+            rounds.append({s: drain_once(cursor, dsn, s, count, messages) for s in systems})
             log(f"  mariadb drain x{count}: " + ", ".join(f"{k} {v:,.0f}/s" for k, v in rounds[-1].items()))
+        ratio = common.ratio(rounds, "outbox", "reference")
         by[str(count)] = {
             **common.medians(rounds, ("outbox", "reference"), "_per_s"),
-            "ratio": common.ratio(rounds, "outbox", "reference"),
+            "ratio": ratio,
+            "target": ">= 0.5x the hand-written two-statement relay (aim 0.8x)",
+            "ok": ratio >= 0.5,
             "reps": rounds,
         }
-    return {"messages": messages, "batch_size": 100, "by_processes": by}
+    return {"messages": messages, "batch_size": 100, "poll_interval_s": float(POLL_INTERVAL), "by_processes": by}
 
 
-def send(dsn: str, *, transactions: int, reps: int, log: Any) -> Json:
-    """The send() figure, from a child process on MariaDB's settings (:func:`send_child`)."""
-    with tempfile.TemporaryDirectory() as tmp:
-        output = Path(tmp) / "send.json"
-        args = ["--send", str(output), "--transactions", str(transactions), "--reps", str(reps)]
-        proc = subprocess.run(
-            [sys.executable, "-m", "bench.mariadb", *args],
-            cwd=ROOT,
-            env={**os.environ, **common.django_env(dsn)},
-            capture_output=True,
-            text=True,
-        )
-        if proc.returncode != 0:
-            raise RuntimeError("the MariaDB send() child failed:\n" + proc.stdout[-3000:] + proc.stderr[-3000:])
-        log(proc.stdout.rstrip())
-        figure: Json = json.loads(output.read_text())
-    figure |= common.medians(figure["reps"], SEND_MODES, "_us_per_tx")
-    return figure
-
-
-def send_child(transactions: int, reps: int) -> Json:
-    """``send()`` against its floors on the database of ``DATABASE_URL`` (Django set up for it)."""
-    common.setup_django("default")
+def send(transactions: int, reps: int) -> Json:
+    """The send() figure, in the child process (on MariaDB's settings)."""
     from django_outbox import outbox
 
     def write(mode: str, i: int, order: Any) -> None:
-        payload, key = common.order_payload(order), f"order-{i % 50}"
+        payload, key = common.order_payload(order), f"order-{i % 50}" if mode.endswith("keyed") else None
         if mode.startswith("send"):
-            outbox.send("bench.noop", payload, key=key if mode == "send_keyed" else None)
+            outbox.send("bench.noop", payload, key=key)
         elif mode.startswith("floor"):
-            if mode == "floor_keyed":
+            if key:
                 common.execute(LOCK, [key])
-            common.execute(FLOOR, [key if mode == "floor_keyed" else None, json.dumps(payload)])
+            common.execute(FLOOR, [key, json.dumps(payload)])
 
     def run(n: int) -> dict[str, float]:
-        return common.per_transaction(
-            SEND_MODES, n, lambda m, i: common.business_transaction(i, lambda o: write(m, i, o))
-        )
-
-    def empty() -> None:
         for table in ("django_outbox_message", "django_outbox_key_lock", "shop_order"):
             common.sql(f"DELETE FROM {table}")
+        return common.per_transaction(MODES, n, lambda m, i: common.business_transaction(i, lambda o: write(m, i, o)))
 
-    empty()
     run(max(50, transactions // 10))  # warm-up: connection, caches
-    results: list[dict[str, float]] = []
+    results: list[Json] = []
     for rep in range(reps):
-        empty()
         results.append(run(transactions))
-        print(f"  mariadb send rep {rep + 1}: " + ", ".join(f"{k} {v:.0f} µs" for k, v in results[-1].items()))
-    empty()
-    return {
-        "transactions_per_kind_per_rep": transactions,
-        "reps": results,
-        "send_vs_floor": common.ratio(results, "send", "floor"),
-        "send_keyed_vs_floor_keyed": common.ratio(results, "send_keyed", "floor_keyed"),
-    }
+        shown = ", ".join(f"{k} {v:.0f} µs" for k, v in results[-1].items())
+        print(f"  mariadb send rep {rep + 1}: {shown}", flush=True)
+    figure: Json = {"transactions_per_kind_per_rep": transactions, "reps": results}
+    pairs = [("send", "floor"), ("send_keyed", "floor_keyed"), ("send", "plain"), ("floor", "plain")]
+    for mode, reference in [*pairs, ("send_keyed", "plain")]:
+        figure[f"{mode}_vs_{reference}"] = round(common.ratio(results, mode, reference), 3)
+    figure |= common.medians(results, MODES, "_us_per_tx")
+    return figure | {"target": "<= 1.1x the hand-written INSERT floor", "ok": figure["send_vs_floor"] <= 1.1}
 
 
 def measure(dsn: str, *, messages: int, processes: tuple[int, ...], reps: int, transactions: int, log: Any) -> Json:
     tables.ensure_database(dsn)
     common.manage(dsn, "migrate", "--verbosity", "0")
-    conn = connect(dsn, autocommit=True)
-    try:
+    with closing(connect(dsn, autocommit=True)) as conn:
         cursor = conn.cursor()
         cursor.execute("SELECT VERSION()")
         version = str(cursor.fetchone()[0])
-        create_twin(conn)
-    finally:
-        conn.close()
-    log(f"  {version}, database {urlparse(dsn).path.lstrip('/')!r}")
-    return {
-        "server": version,
-        "drain": drain(dsn, messages=messages, processes=processes, reps=reps, log=log),
-        "send": send(dsn, transactions=transactions, reps=reps, log=log),
-    }
+        log(f"  {version}, database {urlparse(dsn).path.lstrip('/')!r}")
+        create_twin(cursor)
+        figures = drain(cursor, dsn, messages=messages, processes=processes, reps=reps, log=log)
+    args = [__file__, str(transactions), str(reps)]
+    return {"server": version, "drain": figures, "send": common.child_json(args, env=common.django_env(dsn))}
 
 
-if __name__ == "__main__":
+if __name__ == "__main__":  # the send() figure's child process, DATABASE_URL naming the MariaDB database
     parser = common.parser(__doc__)
-    parser.add_argument("--send", type=Path, required=True, help="the send() figure's JSON file")
-    parser.add_argument("--transactions", type=int, default=1000, help="transactions of each kind per repetition")
-    parser.add_argument("--reps", type=int, default=3)
+    parser.add_argument("transactions", type=int, help="transactions of each kind per repetition")
+    parser.add_argument("reps", type=int)
+    parser.add_argument("--output", type=Path, required=True)
     args = parser.parse_args()
-    common.write_json(args.send, send_child(args.transactions, args.reps))
+    common.setup_django("default")
+    common.write_json(args.output, send(args.transactions, args.reps))

@@ -16,7 +16,6 @@ sends and worker error lines are counted. Medians over the repetitions.
 
 from __future__ import annotations
 
-import json
 import os
 import sys
 import threading
@@ -24,192 +23,135 @@ import time
 from pathlib import Path
 from typing import Any
 
-ROOT = Path(__file__).resolve().parent.parent
-sys.path.insert(0, str(ROOT))
-from bench import common, procs, tables  # noqa: E402
-from bench.common import median  # noqa: E402
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+from bench import common, procs, tables
+from bench.common import median
 
-DSN = {
-    "postgresql": "postgres://postgres@127.0.0.1:5432/bench_online",
-    "mysql": "mysql://root@127.0.0.1:3306/bench_online",
-}
-#: Migration modules by variant; ``package``: the package's own migrations after its initial one.
-VARIANTS: dict[str, str | None] = {
-    "online": "tests.support.migration_samples.safe",
-    "plain": "tests.support.migration_samples.plain",
-    "package": None,
-}
 #: The package's migrations the samples build on (each variant repeats them), where each run goes back to.
 BASE = "0003_mysql_claim_key_index"
 STEPS = ("0002_index", "0003_column", "0004_check")
-#: Each variant's steps, and the migration it starts from.
-STEPS_OF = {"online": STEPS, "plain": STEPS, "package": ("0002_pending_unkeyed_index", "0003_mysql_claim_key_index")}
-START_OF = {"online": BASE, "plain": BASE, "package": "0001_initial"}
+#: Per variant: its migration module (``package``: the package's own), the migration it starts from, its steps.
+VARIANTS: dict[str, tuple[str | None, str, tuple[str, ...]]] = {
+    "online": ("tests.support.migration_samples.safe", BASE, STEPS),
+    "plain": ("tests.support.migration_samples.plain", BASE, STEPS),
+    "package": (None, "0001_initial", ("0002_pending_unkeyed_index", "0003_mysql_claim_key_index")),
+}
 #: The workers of the ``package`` variant run the code before its migrations (the previous release, as
 #: far as the schema goes); the package's own code would wait for them to be applied.
 WORKER_MODULE = {"package": "tests.support.migration_samples.initial"}
-CHUNK = 1_000_000
+#: A send() call: its start, its duration, its failure (or "").
+Call = tuple[float, float, str]
 #: Seconds of load before the first migration (the floor is measured there) and between migrations.
 SETTLE = 3.0
 
-FILL = {
-    "postgresql": """
-INSERT INTO django_outbox_message (uuid, topic, payload, headers, status, attempts, max_attempts,
-    available_at, created_at, delivered_at, last_error)
-SELECT gen_random_uuid(), 'bench.noop', jsonb_build_object('order_id', i, 'item', 'book'), '{{}}'::jsonb,
-    '{status}', {attempts}, 5, now(), now(), {delivered}, ''
-FROM generate_series(1, {n}) AS i
-""",
-    "mysql": """
-INSERT INTO django_outbox_message (uuid, topic, payload, headers, status, attempts, max_attempts,
-    available_at, created_at, delivered_at, last_error)
-SELECT UUID(), 'bench.noop', JSON_OBJECT('order_id', seq, 'item', 'book'), '{{}}', '{status}', {attempts}, 5,
-    UTC_TIMESTAMP(6), UTC_TIMESTAMP(6), {delivered}, ''
-FROM seq_1_to_{n}
-""",
-}
 
-
-def manage(vendor: str, *args: str, module: str | None = None) -> float:
+def migrate(variant: str, *args: str) -> float:
+    """``manage.py migrate *args`` with ``variant``'s migrations; its seconds."""
+    module = VARIANTS[variant][0]
     extra = {"BENCH_MIGRATION_MODULE": module} if module else {}
-    return common.manage(DSN[vendor], *args, quiet=True, BENCH_LOG_LEVEL="WARNING", **extra)
+    return common.manage(os.environ["DATABASE_URL"], "migrate", *args, "-v0", quiet=True, **extra)
 
 
-def recreate(vendor: str) -> None:
-    from django.db import connections
-
-    connections.close_all()
-    tables.ensure_database(DSN[vendor], fresh=True)
-    manage(vendor, "migrate", "-v0", module=VARIANTS["online"])
-    manage(vendor, "migrate", "django_outbox", BASE, "-v0", module=VARIANTS["online"])
-
-
-def fill(vendor: str, n: int, *, status: str) -> None:
-    delivered = "NULL" if status == "pending" else ("now()" if vendor == "postgresql" else "UTC_TIMESTAMP(6)")
-    attempts = 0 if status == "pending" else 1
-    for start in range(0, n, CHUNK):
-        size = min(CHUNK, n - start)
-        common.sql(FILL[vendor].format(n=size, status=status, attempts=attempts, delivered=delivered))
-    common.sql("ANALYZE TABLE django_outbox_message" if vendor == "mysql" else "ANALYZE django_outbox_message")
-
-
-class Producer(threading.Thread):
+def produce(stopping: threading.Event, calls: list[Call]) -> None:
     """``outbox.send()`` every 5 ms in a transaction of its own; each call's start, duration and failure."""
+    from django.db import connections, transaction
 
-    def __init__(self) -> None:
-        super().__init__(daemon=True)
-        self.stopping = threading.Event()
-        self.calls: list[tuple[float, float, str]] = []
+    from django_outbox import outbox
 
-    def run(self) -> None:
-        from django.db import connections, transaction
+    try:
+        while not stopping.is_set():
+            started, error = time.monotonic(), ""
+            try:
+                with transaction.atomic():
+                    outbox.send("bench.noop", {"order_id": len(calls), "item": "book"})
+            except Exception as exc:
+                error = repr(exc)[:200]
+            calls.append((started, time.monotonic() - started, error))
+            stopping.wait(max(0.0, 0.005 - calls[-1][1]))
+    finally:
+        connections.close_all()
 
-        from django_outbox import outbox
 
-        try:
-            while not self.stopping.is_set():
-                started = time.monotonic()
-                error = ""
-                try:
-                    with transaction.atomic():
-                        outbox.send("bench.noop", {"order_id": len(self.calls), "item": "book"})
-                except Exception as exc:
-                    error = repr(exc)[:200]
-                took = time.monotonic() - started
-                self.calls.append((started, took, error))
-                self.stopping.wait(max(0.0, 0.005 - took))
-        finally:
-            connections.close_all()
-
-    def longest(self, start: float, end: float) -> float:
-        """The longest call that overlapped [start, end]."""
-        return max((took for began, took, _ in self.calls if began <= end and began + took >= start), default=0.0)
+def longest_call(calls: list[Call], start: float, end: float) -> float:
+    """The longest call that overlapped [start, end]."""
+    return max((took for began, took, _ in calls if began <= end and began + took >= start), default=0.0)
 
 
 def run_variant(vendor: str, variant: str, pending: int) -> dict[str, Any]:
-    if START_OF[variant] != BASE:
-        manage(vendor, "migrate", "django_outbox", START_OF[variant], "-v0", module=VARIANTS[variant])
-    fill(vendor, pending, status="pending")
+    _, start, steps = VARIANTS[variant]
+    if start != BASE:
+        migrate(variant, "django_outbox", start)
+    tables.fill(vendor, pending)
     module = WORKER_MODULE.get(variant)
-    env = common.django_env(
-        DSN[vendor], BENCH_LOG_LEVEL="WARNING", **({"BENCH_MIGRATION_MODULE": module} if module else {})
-    )
-    command = [sys.executable, str(ROOT / "manage.py"), "outbox_worker", "--poll-interval", "0.2"]
-    workers = [procs.Proc(command, env=env) for _ in range(2)]
-    producer = Producer()
+    env = {"BENCH_MIGRATION_MODULE": module} if module else {}
+    workers = [procs.outbox_worker(os.environ["DATABASE_URL"], "--poll-interval", "0.2", env=env) for _ in range(2)]
+    stopping, calls = threading.Event(), list[Call]()
+    producer = threading.Thread(target=produce, args=(stopping, calls), daemon=True)
     producer.start()
-    steps: dict[str, Any] = {}
+    figures: dict[str, Any] = {}
     try:
         time.sleep(SETTLE)
-        for step in STEPS_OF[variant]:
-            floor_start = time.monotonic() - SETTLE + 0.5
-            floor = producer.longest(floor_start, time.monotonic())
+        for step in steps:
+            floor = longest_call(calls, time.monotonic() - SETTLE + 0.5, time.monotonic())
             started = time.monotonic()
-            took = manage(vendor, "migrate", "django_outbox", step, "-v0", module=VARIANTS[variant])
-            steps[step] = {
-                "migrate_s": took,
-                "longest_send_s": producer.longest(started, time.monotonic()),
-                "floor_s": floor,
-            }
+            took = migrate(variant, "django_outbox", step)
+            longest = longest_call(calls, started, time.monotonic())
+            figures[step] = {"migrate_s": took, "longest_send_s": longest, "floor_s": floor}
             time.sleep(SETTLE)
     finally:
-        producer.stopping.set()
+        stopping.set()
         producer.join(timeout=30)
         procs.stop_all(workers)
     errors = [line for w in workers for line in w.lines if "Traceback" in line or "ERROR" in line or "rror:" in line]
-    manage(vendor, "migrate", "django_outbox", BASE, "-v0", module=VARIANTS[variant])
+    migrate(variant, "django_outbox", BASE)
     common.sql("DELETE FROM django_outbox_message WHERE status <> 'delivered'")
     return {
-        "steps": steps,
-        "sends": len(producer.calls),
-        "failed_sends": sum(1 for *_, error in producer.calls if error),
-        "first_failure": next((error for *_, error in producer.calls if error), ""),
+        "steps": figures,
+        "sends": len(calls),
+        "failed_sends": sum(1 for *_, error in calls if error),
+        "first_failure": next((error for *_, error in calls if error), ""),
         "worker_error_lines": errors[:5],
         "worker_errors": len(errors),
     }
 
 
-def median_of(runs: list[dict[str, Any]], step: str, field: str) -> float:
-    return median([float(run["steps"][step][field]) for run in runs])
+def report(runs: dict[str, list[dict[str, Any]]]) -> None:
+    """Medians over the repetitions; the longest send() also as a ratio to ``plain``'s at the same change."""
 
+    def of(variant: str, step: str, field: str) -> float:
+        return median([float(run["steps"][step][field]) for run in runs[variant]])
 
-def report(vendor: str, rows: int, pending: int, runs: dict[str, list[dict[str, Any]]]) -> None:
-    print(f"\n{vendor}, {rows:,} delivered + {pending:,} pending, medians of {len(next(iter(runs.values())))}:")
-    table = []
     for variant in runs:
-        for step in STEPS_OF[variant]:
-            plain = median_of(runs["plain"], step, "longest_send_s") if "plain" in runs and step in STEPS else 0.0
-            longest, floor = median_of(runs[variant], step, "longest_send_s"), median_of(runs[variant], step, "floor_s")
-            took = f"{median_of(runs[variant], step, 'migrate_s'):.2f} s"
-            ratio = f"{longest / plain:.2f}x" if plain else ""
-            table.append((step[5:], variant, took, f"{longest * 1000:.0f} ms", f"{floor * 1000:.0f} ms", ratio))
-    print(common.markdown(("change", "variant", "migrate", "longest send", "floor", "vs plain"), table))
-    for variant in runs:
-        failed = sum(run["failed_sends"] for run in runs[variant])
-        errors = sum(run["worker_errors"] for run in runs[variant])
-        print(f"{variant}: {failed} failed sends, {errors} worker error lines", flush=True)
+        for step in VARIANTS[variant][2]:
+            longest, floor, took = (of(variant, step, f) for f in ("longest_send_s", "floor_s", "migrate_s"))
+            plain = of("plain", step, "longest_send_s") if "plain" in runs and step in STEPS else 0.0
+            vs = f" ({longest / plain:.2f}x plain's)" if plain else ""
+            longest_ms, floor_ms = f"{longest * 1000:.0f} ms{vs}", f"{floor * 1000:.0f} ms"
+            print(f"  {variant} {step}: migrate {took:.2f} s, longest send {longest_ms}, floor {floor_ms}", flush=True)
 
 
 def measure(vendor: str, sizes: list[int], pending: int, reps: int, variants: list[str]) -> dict[str, Any]:
     common.setup_django()
     results: dict[str, Any] = {}
+    from django.db import connections
+
     for rows in sizes:
-        recreate(vendor)
+        connections.close_all()
+        tables.ensure_database(os.environ["DATABASE_URL"], fresh=True)
+        migrate("online")
+        migrate("online", "django_outbox", BASE)
         filled = time.monotonic()
-        fill(vendor, rows, status="delivered")
+        tables.fill(vendor, rows, status="delivered")
         print(f"{vendor}: {rows:,} delivered messages in {time.monotonic() - filled:.0f} s", flush=True)
         runs: dict[str, list[dict[str, Any]]] = {variant: [] for variant in variants}
         for rep, first in enumerate(common.interleaved(reps)):
             for variant in variants if first else variants[::-1]:
-                run = run_variant(vendor, variant, pending)
-                runs[variant].append(run)
-                print(
-                    f"  rep {rep + 1} {variant}: {json.dumps(run['steps'])} failed sends {run['failed_sends']}"
-                    f" {run['first_failure']}, worker errors {run['worker_errors']} {run['worker_error_lines'][:1]}",
-                    flush=True,
-                )
+                runs[variant].append(run := run_variant(vendor, variant, pending))
+                failed = f"{run['failed_sends']} failed sends {run['first_failure']}"
+                print(f"  rep {rep + 1} {variant}: {failed}, worker errors {run['worker_error_lines'][:1]}", flush=True)
         results[str(rows)] = runs
-        report(vendor, rows, pending, runs)
+        print(f"{vendor}, {rows:,} delivered + {pending:,} pending, medians of {reps}:")
+        report(runs)
     return results
 
 
@@ -222,16 +164,8 @@ def main() -> None:
     parser.add_argument("--variants", default=",".join(VARIANTS), help="online, plain, package")
     parser.add_argument("--json", type=Path)
     args = parser.parse_args()
-    vendors = args.databases.split(",")
-    if len(vendors) > 1:  # one process per database: Django reads its settings once per process
-        common.each_database(args, vendors)
-        return
-    os.environ["DATABASE_URL"] = DSN[vendors[0]]
-    os.environ["BENCH_LOG_LEVEL"] = "WARNING"
-    variants = args.variants.split(",")
-    results = measure(vendors[0], [int(r) for r in args.rows.split(",")], args.pending, args.reps, variants)
-    if args.json:
-        common.write_json(args.json, {vendors[0]: results})
+    sizes, variants = [int(r) for r in args.rows.split(",")], args.variants.split(",")
+    common.by_database(args, "bench_online", lambda vendor: measure(vendor, sizes, args.pending, args.reps, variants))
 
 
 if __name__ == "__main__":

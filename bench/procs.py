@@ -39,10 +39,6 @@ class Proc:
         for line in self.proc.stdout:
             self.lines.append(line.rstrip("\n"))
 
-    @property
-    def pid(self) -> int:
-        return self.proc.pid
-
     def alive(self) -> bool:
         return self.proc.poll() is None
 
@@ -64,7 +60,7 @@ class Proc:
 
     def rss_kib(self) -> int:
         """Resident set size now (Linux ``/proc``)."""
-        for line in Path(f"/proc/{self.pid}/status").read_text().splitlines():
+        for line in Path(f"/proc/{self.proc.pid}/status").read_text().splitlines():
             if line.startswith("VmRSS:"):
                 return int(line.split()[1])
         return 0
@@ -77,7 +73,7 @@ class Proc:
         except subprocess.TimeoutExpired:
             self.proc.kill()
             self.proc.wait(timeout=10)
-        self._reader.join(timeout=5)
+        self.join_output()
         return self.proc.returncode
 
 

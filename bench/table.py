@@ -128,14 +128,16 @@ def keyed(f: Json, mode: str) -> Iterator[Row]:
 
 
 def keyed_drain(f: Json, mode: str) -> Iterator[Row]:
-    messages = f["keyed_drain"].get("messages") or size("keyed_drain", mode, "--messages")
+    kd = f["keyed_drain"]
+    messages = kd.get("messages") or size("keyed_drain", mode, "--messages")
     for vendor, name in (("postgresql", "PostgreSQL"), ("mysql", "MariaDB")):
-        if vendor not in f["keyed_drain"]:
+        if vendor not in kd:
             continue
-        d = f["keyed_drain"][vendor]
+        d = kd[vendor]
         keys = [k for k in d["rates"] if k != "0"]
         yield (
-            f"keyed drain on {name}, {n(messages)} messages over {slash(int(k) for k in keys)} keys, 2 processes",
+            f"keyed drain on {name}, {n(messages)} messages over {slash(int(k) for k in keys)} keys,"
+            f" {kd.get('processes', 2)} processes",
             f"{slash(med(d['rates'][k]) for k in keys)} msg/s",
             f"the unkeyed drain of the same run: {n(med(d['rates']['0']))} msg/s",
             slash((med(d["ratios"][k]) for k in keys), x),

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import time
+from contextlib import closing
 from typing import Any
 from urllib.parse import urlparse
 
@@ -10,24 +11,44 @@ import psycopg
 
 MESSAGE = "django_outbox_message"
 ATTEMPT = "django_outbox_attempt"
+Conn = psycopg.Connection[tuple[object, ...]]
 
-# Rows as outbox.send() writes them: pending, no key, a small JSON payload.
-PENDING = f"""
-INSERT INTO {MESSAGE} (uuid, topic, key, payload, headers, idempotency_key, status, attempts, max_attempts,
-    available_at, created_at, last_error)
-SELECT gen_random_uuid(), 'bench.noop', NULL, jsonb_build_object('order_id', i, 'item', 'book'), '{{}}'::jsonb,
-    NULL, 'pending', 0, 5, now(), now(), ''
-FROM generate_series(1, %(n)s) AS i
-"""
-# History: delivered messages, as a busy outbox that keeps them (no archiving) would hold.
-HISTORY = f"""
-INSERT INTO {MESSAGE} (uuid, topic, key, payload, headers, idempotency_key, status, attempts, max_attempts,
-    available_at, created_at, delivered_at, last_error)
-SELECT gen_random_uuid(), 'bench.noop', NULL, jsonb_build_object('order_id', i, 'item', 'book'), '{{}}'::jsonb,
-    NULL, 'delivered', 1, 5, now() - make_interval(secs => %(n)s - i), now() - make_interval(secs => %(n)s - i),
-    now() - make_interval(secs => %(n)s - i), ''
-FROM generate_series(1, %(n)s) AS i
-"""
+
+def fill_sql(
+    vendor: str, n: int | str, *, table: str = MESSAGE, status: str = "pending", key: str = "NULL", spread: bool = False
+) -> str:
+    """``n`` rows of ``table`` as ``outbox.send()`` writes them (``delivered``: as a worker leaves them) from
+    PostgreSQL's ``generate_series`` or MariaDB's sequence engine: no Python per row. ``key``: an SQL
+    expression of the row's number ``i``; ``spread`` (PostgreSQL): one row a second up to now, the history a
+    busy outbox that keeps it (no archiving) holds."""
+    pg = vendor == "postgresql"
+    now = f"now() - make_interval(secs => {n} - i)" if spread else "now()" if pg else "UTC_TIMESTAMP(6)"
+    uuid, json, headers = (
+        ("gen_random_uuid()", "jsonb_build_object", "'{}'::jsonb")
+        if pg
+        else ("REPLACE(UUID(), '-', '')", "JSON_OBJECT", "'{}'")
+    )
+    rows = f"generate_series(1, {n}) AS i" if pg else f"(SELECT seq AS i FROM seq_1_to_{n}) AS s"
+    return (
+        f"INSERT INTO {table} (uuid, topic, {'key' if pg else '`key`'}, payload, headers, idempotency_key, status,"
+        " attempts, max_attempts, available_at, created_at, delivered_at, last_error)"
+        f" SELECT {uuid}, 'bench.noop', {key}, {json}('order_id', i, 'item', 'book'), {headers}, NULL, '{status}',"
+        f" {int(status == 'delivered')}, 5, {now}, {now}, {now if status == 'delivered' else 'NULL'}, '' FROM {rows}"
+    )
+
+
+PENDING = fill_sql("postgresql", "%(n)s")
+HISTORY = fill_sql("postgresql", "%(n)s", status="delivered", spread=True)
+
+
+def fill(vendor: str, n: int, *, chunk: int = 1_000_000, **options: Any) -> None:
+    """:func:`fill_sql` on Django's default connection in chunks of ``chunk`` rows, then the table analyzed."""
+    from django.db import connection
+
+    with connection.cursor() as cursor:
+        for start in range(0, n, chunk):
+            cursor.execute(fill_sql(vendor, min(chunk, n - start), **options))
+        cursor.execute(f"ANALYZE {'' if vendor == 'postgresql' else 'TABLE '}{MESSAGE}")
 
 
 def mysql(dsn: str, *, database: bool = True, **options: Any) -> Any:
@@ -51,15 +72,11 @@ def ensure_database(dsn: str, *, fresh: bool = False) -> None:
     parsed = urlparse(dsn)
     name = parsed.path.lstrip("/")
     if parsed.scheme.startswith("mysql"):
-        conn = mysql(dsn, database=False, autocommit=True)
-        try:
+        with closing(mysql(dsn, database=False, autocommit=True)) as server:
             if fresh:
-                conn.cursor().execute(f"DROP DATABASE IF EXISTS `{name}`")
-            conn.cursor().execute(
-                f"CREATE DATABASE IF NOT EXISTS `{name}` CHARACTER SET utf8mb4 COLLATE utf8mb4_unicode_ci"
-            )
-        finally:
-            conn.close()
+                server.cursor().execute(f"DROP DATABASE IF EXISTS `{name}`")
+            charset = "CHARACTER SET utf8mb4 COLLATE utf8mb4_unicode_ci"
+            server.cursor().execute(f"CREATE DATABASE IF NOT EXISTS `{name}` {charset}")
         return
     with psycopg.connect(parsed._replace(path="/postgres").geturl(), autocommit=True) as conn:
         if fresh:
@@ -68,18 +85,16 @@ def ensure_database(dsn: str, *, fresh: bool = False) -> None:
             conn.execute(f'CREATE DATABASE "{name}"')
 
 
-def connect(dsn: str) -> psycopg.Connection[tuple[object, ...]]:
+def connect(dsn: str) -> Conn:
     return psycopg.connect(dsn, autocommit=True)
 
 
-def truncate(conn: psycopg.Connection[tuple[object, ...]]) -> None:
+def truncate(conn: Conn) -> None:
     conn.execute(f"TRUNCATE {MESSAGE}, {ATTEMPT} RESTART IDENTITY CASCADE")
     conn.execute("TRUNCATE django_outbox_worker")
 
 
-def fill_pending(
-    conn: psycopg.Connection[tuple[object, ...]], n: int, *, channel: str = "django_outbox", analyze: bool = False
-) -> float:
+def fill_pending(conn: Conn, n: int, *, channel: str = "django_outbox", analyze: bool = False) -> float:
     """Commit ``n`` pending messages in one transaction with one NOTIFY; returns the time after the commit.
 
     ``analyze``: the same transaction analyzes the table, so every relay starts with statistics of the
@@ -93,15 +108,15 @@ def fill_pending(
     return time.time()
 
 
-def fill_history(conn: psycopg.Connection[tuple[object, ...]], n: int) -> None:
+def fill_history(conn: Conn, n: int) -> None:
     conn.execute(HISTORY, {"n": n})
 
 
-def vacuum(conn: psycopg.Connection[tuple[object, ...]]) -> None:
+def vacuum(conn: Conn) -> None:
     conn.execute(f"VACUUM ANALYZE {MESSAGE}")
     conn.execute(f"VACUUM ANALYZE {ATTEMPT}")
 
 
-def count(conn: psycopg.Connection[tuple[object, ...]], status: str) -> int:
+def count(conn: Conn, status: str) -> int:
     row = conn.execute(f"SELECT count(*) FROM {MESSAGE} WHERE status = %s", [status]).fetchone()
     return int(str(row[0])) if row else 0

@@ -10,7 +10,6 @@ own on the same server. Needs Django 6 (``django.tasks``) and bench/compare_setu
 
 from __future__ import annotations
 
-import datetime as dt
 import os
 import sys
 import time
@@ -18,12 +17,9 @@ from pathlib import Path
 from typing import Any
 from urllib.parse import urlparse
 
-ROOT = Path(__file__).resolve().parent.parent
-if str(ROOT) not in sys.path:
-    sys.path.insert(0, str(ROOT))
-
-from bench import common, figures, procs, tables  # noqa: E402
-from bench.common import median  # noqa: E402
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+from bench import common, figures, procs, tables
+from bench.common import ROOT, median
 
 DEFAULT_PEER_PYTHON = ROOT / "bench" / ".venv-compare" / "bin" / "python"
 
@@ -60,8 +56,8 @@ def main(argv: list[str] | None = None) -> int:
         parser.error(f"{args.peer_python} does not exist: run bench/compare_setup.sh first")
     parsed = urlparse(dsn)
     peer_dsn = parsed._replace(path=parsed.path + "_peer").geturl()
-    for each in (peer_dsn, dsn):
-        tables.ensure_database(each)
+    tables.ensure_database(peer_dsn)
+    tables.ensure_database(dsn)
     systems = [
         peer(
             "django-tasks-db",
@@ -86,11 +82,7 @@ def main(argv: list[str] | None = None) -> int:
     ]
     ctx = figures.Context(dsn=dsn, sizes=figures.Sizes())
     sizes = {"django-tasks-db": args.peer_messages, "outbox-tasks": args.messages}
-    result: dict[str, object] = {
-        "when": dt.datetime.now(dt.UTC).isoformat(timespec="seconds"),
-        "cpus": os.cpu_count(),
-        "messages": sizes,
-    }
+    result: dict[str, object] = {"messages": sizes}
     for processes in [int(x) for x in args.processes.split(",")]:
         rates: dict[str, list[float]] = {s.name: [] for s in systems}
         for first in common.interleaved(args.reps):
@@ -99,11 +91,7 @@ def main(argv: list[str] | None = None) -> int:
         medians = {name: median(r) for name, r in rates.items()}
         ratio = medians["outbox-tasks"] / medians["django-tasks-db"]
         result[f"x{processes}"] = {"per_s": medians, "reps": rates, "ratio_outbox_to_peer": ratio}
-        print(
-            f"{processes} worker(s): django-tasks-db {medians['django-tasks-db']:,.0f}/s, "
-            f"outbox-tasks {medians['outbox-tasks']:,.0f}/s (x{ratio:.1f})",
-            flush=True,
-        )
+        print(f"{processes} worker(s): " + ", ".join(f"{k} {v:,.0f}/s" for k, v in medians.items()), flush=True)
     output = args.output or ROOT / "bench" / "results" / f"tasks-{time.strftime('%Y%m%d-%H%M%S')}.json"
     common.write_json(output, result)
     print(f"written to {output}")
