@@ -65,8 +65,10 @@ class Proc:
                 return int(line.split()[1])
         return 0
 
-    def stop(self, timeout: float = 30) -> int:
-        if self.alive():
+    def stop(self, timeout: float = 30, *, signalled: bool = False) -> int:
+        """SIGTERM (unless ``signalled`` already: a worker takes a second one as "stop at once", with its
+        deliveries in progress), then a kill after ``timeout``."""
+        if self.alive() and not signalled:
             self.proc.send_signal(signal.SIGTERM)
         try:
             self.proc.wait(timeout=timeout)
@@ -74,6 +76,8 @@ class Proc:
             self.proc.kill()
             self.proc.wait(timeout=10)
         self.join_output()
+        if self.proc.stdout is not None:
+            self.proc.stdout.close()
         return self.proc.returncode
 
 
@@ -82,7 +86,7 @@ def stop_all(procs: Sequence[Proc]) -> None:
         if p.alive():
             p.proc.send_signal(signal.SIGTERM)
     for p in procs:
-        p.stop()
+        p.stop(signalled=True)
 
 
 def outbox_worker(dsn: str, *extra: str, env: dict[str, str] | None = None) -> Proc:
