@@ -236,7 +236,7 @@ def migrations(f: Json, mode: str) -> Iterator[Row]:
             yield (
                 f"the longest `send()` while this release's migrations run on {name}, {n(int(rows))} rows,"
                 " workers draining",
-                "; ".join(f"`{step}` {s * 1000:.0f} ms" for step, s in longest.items()),
+                "; ".join(f"`{step}` {n(s * 1000)} ms" for step, s in longest.items()),
                 f"the longest `send()` with no migration running: {floor * 1000:.0f} ms",
                 "",
             )

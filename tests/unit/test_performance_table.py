@@ -7,7 +7,7 @@ import re
 from bench import table
 from tests.support import ROOT
 
-RESULTS = ("performance-quick.json", "memory-quick.json")
+RESULTS = ("performance-quick.json", "memory-quick.json", "migrations-quick.json", "mariadb-latency-quick.json")
 
 
 def docs_table() -> str:
@@ -20,6 +20,14 @@ def docs_table() -> str:
 def test_the_docs_table_is_the_kept_runs_rendered():
     rendered = table.render(table.merged([ROOT / "bench" / "results" / name for name in RESULTS]))
     assert docs_table() == rendered
+
+
+def test_the_docs_name_the_kept_runs_the_table_comes_from():
+    """The page's command that prints its table again names the same files, in the same order."""
+    text = (ROOT / "docs" / "performance.md").read_text()
+    command = re.search(r"`python bench/table\.py ([^`]+)`", text)
+    assert command, "docs/performance.md does not say how to print its table from the kept results"
+    assert tuple(path.removeprefix("bench/results/") for path in command.group(1).split()) == RESULTS
 
 
 def test_every_section_of_the_harness_has_rows_in_the_table():
