@@ -237,12 +237,8 @@ def _outbox_fill(ctx: Context, n: int) -> float:
 
 
 def _minimal_fill(ctx: Context, n: int) -> float:
-    """Like :func:`tables.fill_pending`: one transaction, analyzed before it commits, one NOTIFY."""
-    with tables.connect(ctx.dsn) as conn, conn.transaction():
-        conn.execute(minimal_relay.FILL, {"n": n})
-        conn.execute(f"ANALYZE {minimal_relay.TABLE}")
-        conn.execute("SELECT pg_notify('bench_minimal', '')")
-    return time.time()
+    with tables.connect(ctx.dsn) as conn:
+        return tables.fill_pending(conn, n, channel="bench_minimal", analyze=True, table=minimal_relay.TABLE)
 
 
 def busy_sql(table: str, statuses: str) -> str:

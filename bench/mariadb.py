@@ -32,6 +32,14 @@ __all__ = ["DEFAULT_URL", "connect", "measure", "reachable", "url"]
 DEFAULT_URL = "mysql://root@127.0.0.1:3306/bench_outbox_mariadb"
 POLL_INTERVAL = "0.01"
 MODES = ["plain", "send", "floor", "send_keyed", "floor_keyed"]
+#: The send() figure's ratios (mode, reference).
+RATIOS = (
+    ("send", "floor"),
+    ("send_keyed", "floor_keyed"),
+    ("send", "plain"),
+    ("floor", "plain"),
+    ("send_keyed", "plain"),
+)
 FLOOR = (
     "INSERT INTO django_outbox_message (uuid, topic, `key`, payload, headers, idempotency_key, status, attempts,"
     " max_attempts, available_at, created_at, last_error) VALUES (REPLACE(UUID(), '-', ''), 'bench.noop', %s, %s,"
@@ -145,8 +153,7 @@ def send(transactions: int, reps: int) -> Json:
         shown = ", ".join(f"{k} {v:.0f} µs" for k, v in results[-1].items())
         print(f"  mariadb send rep {rep + 1}: {shown}", flush=True)
     figure: Json = {"transactions_per_kind_per_rep": transactions, "reps": results}
-    pairs = [("send", "floor"), ("send_keyed", "floor_keyed"), ("send", "plain"), ("floor", "plain")]
-    for mode, reference in [*pairs, ("send_keyed", "plain")]:
+    for mode, reference in RATIOS:
         figure[f"{mode}_vs_{reference}"] = round(common.ratio(results, mode, reference), 3)
     figure |= common.medians(results, MODES, "_us_per_tx")
     return figure | {"target": "<= 1.1x the hand-written INSERT floor", "ok": figure["send_vs_floor"] <= 1.1}

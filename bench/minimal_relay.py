@@ -40,8 +40,6 @@ def insert(source: str = "", payload: str = "%s::jsonb", table: str = TABLE) -> 
     )
 
 
-#: ``n`` pending rows (the values of ``bench.tables.PENDING``).
-FILL = insert("FROM generate_series(1, %(n)s) AS i", "jsonb_build_object('order_id', i, 'item', 'book')")
 #: The send() floor: one hand-written row, one statement.
 INSERT_ONE = insert()
 #: The bulk floor: a row per payload of one array, one statement.

@@ -94,16 +94,19 @@ def truncate(conn: Conn) -> None:
     conn.execute("TRUNCATE django_outbox_worker")
 
 
-def fill_pending(conn: Conn, n: int, *, channel: str = "django_outbox", analyze: bool = False) -> float:
-    """Commit ``n`` pending messages in one transaction with one NOTIFY; returns the time after the commit.
+def fill_pending(
+    conn: Conn, n: int, *, channel: str = "django_outbox", analyze: bool = False, table: str = MESSAGE
+) -> float:
+    """Commit ``n`` pending messages into ``table`` in one transaction with one NOTIFY on ``channel``; returns
+    the time after the commit.
 
     ``analyze``: the same transaction analyzes the table, so every relay starts with statistics of the
     backlog (without, the hand-written relay's claim sometimes scanned the whole table: 2x between runs).
     """
     with conn.transaction():
-        conn.execute(PENDING, {"n": n})
+        conn.execute(PENDING if table == MESSAGE else fill_sql("postgresql", "%(n)s", table=table), {"n": n})
         if analyze:
-            conn.execute(f"ANALYZE {MESSAGE}")
+            conn.execute(f"ANALYZE {table}")
         conn.execute("SELECT pg_notify(%s, '')", [channel])
     return time.time()
 
