@@ -305,7 +305,8 @@ def pytest_cell(
     cell_env = {**env, "TEST_DATABASE_SUFFIX": suffix}
     if coverage:
         cell_env.update(coverage_env())
-    argv = [*runner, *spread, *(extra or []), *selected]
+    # The slowest tests of the cell, in its log: what to look at first when the run grows.
+    argv = [*runner, *spread, "--durations=15", *(extra or []), *selected]
     return Cell(label, argv, cell_env, weight=max(processes, 1), needs=needs)
 
 

@@ -152,26 +152,34 @@ FROM generate_series(1, 1000000) AS i,
 """
 
 
-@pytest.mark.parametrize("statistics", ["analyzed", "none"])
-def test_health_and_metrics_answer_within_the_timeouts_on_a_million_rows(
-    strict_role, client, settings, statistics, caplog
-):
+def test_health_and_metrics_answer_within_the_timeouts_on_a_million_rows(strict_role, client, settings, caplog):
     """A million rows (10,000 of them due, on a thousand keys, 1,000 dead), read by the health and metrics
-    views over a session of the DBA's role: 200 ms per statement. Freshly analyzed, or never (a new
-    table, or after ``pg_upgrade``): the views answer with their figures, never the timeout's 503."""
-    from django_outbox import store
-    from django_outbox.observability import views
-
+    views over a session of the DBA's role: 200 ms per statement. Freshly analyzed, then with no statistics
+    (a new table, or after ``pg_upgrade``): the views answer with their figures, never the timeout's 503."""
     with connection.cursor() as cursor:
         cursor.execute("SELECT clock_timestamp()")
         (filling,) = cursor.fetchone()
         # Due over the 10 s before the fill. Not moved after it: an UPDATE of the due rows leaves their old
         # index entries for the first read to step over, which no health check meets after a plain fill.
         cursor.execute(MILLION)
-        if statistics == "analyzed":
-            cursor.execute("ANALYZE django_outbox_message")
-        else:
-            cursor.execute("DELETE FROM pg_statistic WHERE starelid = 'django_outbox_message'::regclass")
+        # One bulk INSERT leaves every row without its hint bits, and the first read of each page writes
+        # them (the pending count's 10,000 heap visits: 113 ms, against 19 ms after), a state no table the
+        # workers have been reading is in. One pass sets them; the visibility map stays unset, as before
+        # the first autovacuum.
+        cursor.execute("SELECT count(*) FROM django_outbox_message")
+        cursor.execute("ANALYZE django_outbox_message")
+    _assert_probes_answer(strict_role, client, settings, caplog, filling)
+    with connection.cursor() as cursor:
+        cursor.execute("DELETE FROM pg_statistic WHERE starelid = 'django_outbox_message'::regclass")
+    _assert_probes_answer(strict_role, client, settings, caplog, filling)
+
+
+def _assert_probes_answer(
+    strict_role: dict[str, str], client: Any, settings: Any, caplog: pytest.LogCaptureFixture, filling: Any
+) -> None:
+    from django_outbox import store
+    from django_outbox.observability import views
+
     now = timezone.now()
     beat = store.WorkerBeat(
         worker_id="w-1", hostname="host", pid=1, started_at=now, in_flight=0, delivered=0, failed=0,
@@ -186,6 +194,7 @@ def test_health_and_metrics_answer_within_the_timeouts_on_a_million_rows(
     connection.close()
     connection.settings_dict["USER"] = ROLE  # the next connection logs in as the DBA's role
     views._backlog = None
+    caplog.clear()
     try:
         with caplog.at_level("WARNING", logger="django_outbox"):
             health = client.get("/outbox/health/", **auth)
