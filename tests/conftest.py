@@ -46,6 +46,18 @@ def _encodable(text: str) -> str:
     return text.encode("utf-8", "backslashreplace").decode("utf-8")
 
 
+def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+    """A test marked ``database_independent`` proves something no database changes (a transport's wire,
+    a browser, a scrape): run in every database's cell it would only repeat itself, so it runs in the
+    SQLite cells, which every run has, once per Django version."""
+    if connection.vendor == "sqlite":
+        return
+    once = pytest.mark.skip(reason="independent of the suite's database: run in the SQLite cells")
+    for item in items:
+        if item.get_closest_marker("database_independent"):
+            item.add_marker(once)
+
+
 def pytest_report_header() -> str | None:
     bouncer = pooled.bouncer()
     if bouncer is None:

@@ -21,7 +21,7 @@ from django_outbox.models import Message
 from tests.support import ROOT
 from tests.support.factories import AttemptFactory, MessageFactory
 
-pytestmark = pytest.mark.slow
+pytestmark = [pytest.mark.database_independent, pytest.mark.slow]
 
 #: The screenshots name the Django version they were taken on: the admin looks different on 5.2 and 6.x.
 SHOT = "-django{}.{}.png".format(*django.VERSION[:2])

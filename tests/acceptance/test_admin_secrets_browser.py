@@ -28,7 +28,12 @@ from django_outbox.retention.models import ArchivedMessage
 from tests.support.browser import Browser
 from tests.support.mail import relay
 
-pytestmark = [pytest.mark.slow, pytest.mark.django_db(transaction=True), pytest.mark.usefixtures("empty_archive")]
+pytestmark = [
+    pytest.mark.database_independent,
+    pytest.mark.slow,
+    pytest.mark.django_db(transaction=True),
+    pytest.mark.usefixtures("empty_archive"),
+]
 
 VIEW_ONLY = ("view_message", "view_outboxemail", "view_archivedmessage", "view_archivedattempt")
 RESET_LINK = re.compile(r"/accounts/reset/(?P<uid>[\w-]+)/(?P<token>[\w-]+)/")

@@ -95,6 +95,7 @@ def test_smallest_chaos_run_applies_every_effect_exactly_once(tmp_path: Path) ->
 
 
 @pytest.mark.slow
+@pytest.mark.database_independent  # on a SQLite file of its own, whatever the suite's database
 def test_chaos_run_catches_a_consumer_without_the_inbox(tmp_path: Path) -> None:
     """The same run with the effect applied in a plain transaction: the kill after commit and the
     exception after commit each make a redelivery apply the effect again, and the run must say so."""

@@ -107,6 +107,7 @@ def test_the_quickstart_word_for_word_on_sqlite(tmp_path: Path) -> None:
 
 
 @pytest.mark.slow
+@pytest.mark.usefixtures("postgres")  # the page's project has a database of its own: the PostgreSQL cells' run
 def test_the_quickstart_word_for_word_on_postgresql(tmp_path: Path, postgres_database: str) -> None:
     check_what_the_page_promises(follow_the_page(tmp_path, "postgresql", postgres_database))
 

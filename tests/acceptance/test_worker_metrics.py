@@ -51,6 +51,7 @@ def value(samples: dict[tuple[str, frozenset[tuple[str, str]]], float], name: st
     return samples.get((name, frozenset(labels.items())))
 
 
+@pytest.mark.database_independent
 def test_a_scrape_counts_what_the_worker_delivered_failed_and_killed(worker_process):
     for n in range(3):
         outbox.send("probe.ok", {"n": n})
@@ -109,6 +110,7 @@ def test_only_one_worker_samples_the_backlog_on_postgresql(postgres, worker_proc
     wait_for(lambda: value(scrape(other), "outbox_backlog_messages", status="delivered") == 1, timeout=30)
 
 
+@pytest.mark.database_independent
 def test_a_taken_port_is_a_clear_error(worker_process):
     with socket.socket() as taken:
         taken.bind(("127.0.0.1", 0))
@@ -120,6 +122,7 @@ def test_a_taken_port_is_a_clear_error(worker_process):
     assert "Traceback" not in output
 
 
+@pytest.mark.database_independent
 @pytest.mark.parametrize(
     ("args", "error"),
     [
@@ -138,6 +141,7 @@ def test_bad_metrics_options_are_refused(worker_process, args, error):
     assert "Traceback" not in output
 
 
+@pytest.mark.database_independent
 def test_multiprocess_mode_serves_every_workers_counts_from_one_port(worker_process, tmp_path):
     """prometheus-client's documented multiprocess mode: one worker serves, every worker counts."""
     env = {"PROMETHEUS_MULTIPROC_DIR": str(tmp_path)}
@@ -165,6 +169,7 @@ def test_multiprocess_mode_serves_every_workers_counts_from_one_port(worker_proc
 TOPICS = 10_000
 
 
+@pytest.mark.database_independent
 def test_ten_thousand_topics_keep_the_scrape_bounded(worker_process):
     """A topic per tenant or per customer, without ``METRICS_TOPIC_LABELS``: every topic a series of each
     counter, for as long as the worker lives, in every scrape and in the Prometheus server's memory. The

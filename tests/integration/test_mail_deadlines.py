@@ -24,7 +24,7 @@ from django_outbox.models import Attempt, Message
 from django_outbox.worker import Relay, RelayConfig
 from tests.support.servers import SlowServer, SMTPServer
 
-pytestmark = pytest.mark.django_db(transaction=True)
+pytestmark = [pytest.mark.database_independent, pytest.mark.django_db(transaction=True)]
 
 TIMEOUT = 1.0
 MARGIN = 4.0  # without the deadline each of these servers holds an email for 10 to 30 s

@@ -18,7 +18,7 @@ from django_outbox.models import Attempt, Message
 from django_outbox.worker import Relay, RelayConfig
 from tests.support.servers import HTTPServer, Reply, SlowServer
 
-pytestmark = pytest.mark.django_db(transaction=True)
+pytestmark = [pytest.mark.database_independent, pytest.mark.django_db(transaction=True)]
 
 SECRET = "whsec_8X64pTf2VJY6eApZYqEgNu+kEOBTpP9F"
 BACKEND = "django_outbox.transports.webhook.WebhookTransport"

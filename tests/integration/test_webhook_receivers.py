@@ -27,7 +27,7 @@ from django_outbox.worker import Relay, RelayConfig
 from tests.support.receivers import NodeReceiver
 from tests.support.servers import Reply
 
-pytestmark = pytest.mark.django_db(transaction=True)
+pytestmark = [pytest.mark.database_independent, pytest.mark.django_db(transaction=True)]
 
 SECRET = "whsec_8X64pTf2VJY6eApZYqEgNu+kEOBTpP9F"
 BACKEND = "django_outbox.transports.webhook.WebhookTransport"

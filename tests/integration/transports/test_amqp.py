@@ -24,7 +24,7 @@ from tests.support.brokers import (
 )
 from tests.support.services import require_service
 
-pytestmark = pytest.mark.django_db(transaction=True)
+pytestmark = [pytest.mark.database_independent, pytest.mark.django_db(transaction=True)]
 
 HOST, PORT = "127.0.0.1", 5672
 BACKEND = "django_outbox.transports.amqp.AMQPTransport"

@@ -27,7 +27,7 @@ from tests.support.servers import SlowServer
 from tests.support.services import require_service
 from tests.support.waiting import wait_for
 
-pytestmark = pytest.mark.django_db(transaction=True)
+pytestmark = [pytest.mark.database_independent, pytest.mark.django_db(transaction=True)]
 
 #: Generous on a loaded machine; without a bound the dripping peer holds a call for 30 s.
 MARGIN = 4.0

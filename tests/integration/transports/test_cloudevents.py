@@ -35,7 +35,7 @@ from tests.support.receivers import NodeReceiver
 from tests.support.services import require_service
 from tests.support.tansu import Tansu, running_tansu
 
-pytestmark = pytest.mark.django_db(transaction=True)
+pytestmark = [pytest.mark.database_independent, pytest.mark.django_db(transaction=True)]
 
 SECRET = "whsec_8X64pTf2VJY6eApZYqEgNu+kEOBTpP9F"
 SOURCE = "https://shop.example.com/orders"

@@ -37,7 +37,7 @@ from tests.support.brokers import unique_prefix
 from tests.support.services import require_service
 from tests.support.tansu import Tansu, running_tansu
 
-pytestmark = pytest.mark.django_db(transaction=True)
+pytestmark = [pytest.mark.database_independent, pytest.mark.django_db(transaction=True)]
 
 #: Payloads that are JSON but not an object: each is the event's ``data`` exactly.
 PAYLOADS: list[Any] = [[1, "x", None], "just text ✓", 42, -0.5, True, None, [], {}]

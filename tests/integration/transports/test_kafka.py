@@ -29,7 +29,7 @@ from tests.support.brokers import (
 from tests.support.tansu import Tansu, running_tansu
 from tests.support.waiting import wait_for
 
-pytestmark = pytest.mark.django_db(transaction=True)
+pytestmark = [pytest.mark.database_independent, pytest.mark.django_db(transaction=True)]
 
 BACKEND = "django_outbox.transports.kafka.KafkaTransport"
 PARTITIONS = 3

@@ -32,7 +32,7 @@ from tests.support.servers import free_port
 from tests.support.tansu import Tansu, running_tansu
 from tests.support.waiting import wait_for
 
-pytestmark = pytest.mark.django_db(transaction=True)
+pytestmark = [pytest.mark.database_independent, pytest.mark.django_db(transaction=True)]
 
 
 @pytest.fixture

@@ -31,7 +31,7 @@ from tests.support.checks import NATS_STREAMS
 from tests.support.services import require_service
 from tests.support.tracing import memory_exporter, traceparent
 
-pytestmark = pytest.mark.django_db(transaction=True)
+pytestmark = [pytest.mark.database_independent, pytest.mark.django_db(transaction=True)]
 
 HOST, PORT = "127.0.0.1", 4222
 BACKEND = "django_outbox.transports.nats.NATSTransport"

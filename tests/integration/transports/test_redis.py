@@ -25,7 +25,7 @@ from tests.support.brokers import (
 )
 from tests.support.services import require_service
 
-pytestmark = pytest.mark.django_db(transaction=True)
+pytestmark = [pytest.mark.database_independent, pytest.mark.django_db(transaction=True)]
 
 HOST, PORT = "127.0.0.1", 6379
 BACKEND = "django_outbox.transports.redis.RedisStreamsTransport"
