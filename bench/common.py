@@ -13,6 +13,7 @@ import time
 from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any, TypeVar
+from urllib.parse import urlparse
 
 ROOT = Path(__file__).resolve().parent.parent
 Json = dict[str, Any]
@@ -146,9 +147,11 @@ def child_json(args: Sequence[str], *, flag: str = "--output", env: dict[str, st
 
 
 def by_database(args: argparse.Namespace, name: str, measure: Callable[[str], Json], **top: Any) -> None:
-    """``measure(vendor)`` in the database ``name`` of each local server of ``--databases`` (``postgresql``,
-    ``mysql``), each in a process of its own (Django reads its settings once a process); into ``--json``:
-    ``{vendor: figures, **top}``."""
+    """``measure(vendor)`` in the database ``name`` (``BENCH_DATABASE`` when set: the harness names it after
+    its own, so two runs on databases of their own never share one) of each server of ``--databases``
+    (``postgresql``; ``mysql``, MARIADB_URL's server or the local one), each in a process of its own
+    (Django reads its settings once a process); into ``--json``: ``{vendor: figures, **top}``."""
+    name = os.environ.get("BENCH_DATABASE") or name
     vendors = args.databases.split(",")
     if len(vendors) > 1:
         combined: Json = {}
@@ -157,7 +160,8 @@ def by_database(args: argparse.Namespace, name: str, measure: Callable[[str], Js
             script = str(Path(sys.argv[0]).resolve())
             combined.update(child_json([script, f"--databases={vendor}", *options], flag="--json"))
     else:
-        server = "postgres://postgres@127.0.0.1:5432" if vendors[0] == "postgresql" else "mysql://root@127.0.0.1:3306"
+        mariadb = urlparse(os.environ.get("MARIADB_URL") or "mysql://root@127.0.0.1:3306")._replace(path="").geturl()
+        server = "postgres://postgres@127.0.0.1:5432" if vendors[0] == "postgresql" else mariadb
         os.environ["DATABASE_URL"] = f"{server}/{name}"
         os.environ["BENCH_LOG_LEVEL"] = "WARNING"
         combined = {vendors[0]: measure(vendors[0]), **top}

@@ -3,16 +3,15 @@
     python bench/online_migrations.py [--databases postgresql,mysql] [--rows 1000000,10000000]
         [--pending 100000] [--reps 3] [--variants online,plain,package] [--json FILE]
 
-Per database and table size (``--rows`` delivered messages in ``bench_online``), per repetition and
-variant, with ``--pending`` pending messages, ``outbox.send()`` every 5 ms and two workers draining, it
-runs ``manage.py migrate`` one migration at a time through three changes to the message table (an index
-on ``topic``, a column that may be NULL, a check constraint on it). ``online``: the three written with
-``django_outbox.store.online`` (tests/support/migration_samples); ``plain``: as ``makemigrations`` writes
-them (the reference, in the same run, alternating which goes first); ``package``: the package's own
-migrations after its initial one, with workers on the code before them. Per change: how long ``migrate``
-took, the longest ``send()`` overlapping it and, as the floor, the longest of the seconds before; failed
-sends and worker error lines are counted. Medians over the repetitions.
-"""
+Per database and table size (``--rows`` delivered messages in ``bench_online``, or ``BENCH_DATABASE``), per
+repetition and variant, with ``--pending`` pending messages, ``outbox.send()`` every 5 ms and two workers
+draining, it runs ``manage.py migrate`` one migration at a time through three changes to the message table (an
+index on ``topic``, a column that may be NULL, a check constraint on it). ``online``: the three written with
+``django_outbox.store.online`` (tests/support/migration_samples); ``plain``: as ``makemigrations`` writes them
+(the reference, in the same run, alternating which goes first); ``package``: the package's own migrations
+after its initial one, with workers on the code before them. Per change: how long ``migrate`` took, the
+longest ``send()`` overlapping it and, as the floor, the longest of the seconds before; failed sends and
+worker error lines are counted. Medians over the repetitions."""
 
 from __future__ import annotations
 

@@ -29,6 +29,7 @@ import time
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
+from urllib.parse import urlparse
 
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
@@ -223,6 +224,7 @@ def run_script(script: Script, section: str, size_name: str, dsn: str, with_mari
         env["DATABASE_URL"] = f"{dsn}_{section}"
     if script.mariadb:
         args += ["--databases", "postgresql,mysql" if with_mariadb else "postgresql"]
+        env["BENCH_DATABASE"] = f"{urlparse(dsn).path.lstrip('/')}_{section}"  # on each server
     if script.python and not script.python.exists():
         print(f"! {section}: {script.python.relative_to(ROOT)} is missing (python3 dev.py makes it)", flush=True)
         return {"failed": "no interpreter"}
