@@ -250,7 +250,7 @@ def autovacuum(f: Json, mode: str) -> Iterator[Row]:
         f"dead row versions under a steady producer, {n(a['args']['history'])} rows of history",
         f"the migration's settings: median {n(tuned['dead_median'])}",
         f"PostgreSQL's defaults: {n(default['dead_median'])}",
-        f"the claim's walk: {tuned['walk_pages_median']:.0f} page against {default['walk_pages_median']:.0f}",
+        f"the claim's walk in pages: {tuned['walk_pages_median']:.0f} against {default['walk_pages_median']:.0f}",
     )
 
 

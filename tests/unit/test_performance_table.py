@@ -7,7 +7,7 @@ import re
 from bench import table
 from tests.support import ROOT
 
-RESULTS = ("performance-quick.json", "memory-quick.json", "migrations-quick.json", "mariadb-latency-quick.json")
+RESULTS = ("performance-quick.json",)
 
 
 def docs_table() -> str:
