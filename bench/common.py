@@ -149,8 +149,8 @@ def child_json(args: Sequence[str], *, flag: str = "--output", env: dict[str, st
 def by_database(args: argparse.Namespace, name: str, measure: Callable[[str], Json], **top: Any) -> None:
     """``measure(vendor)`` in the database ``name`` (``BENCH_DATABASE`` when set: the harness names it after
     its own, so two runs on databases of their own never share one) of each server of ``--databases``
-    (``postgresql``; ``mysql``, MARIADB_URL's server or the local one), each in a process of its own
-    (Django reads its settings once a process); into ``--json``: ``{vendor: figures, **top}``."""
+    (``postgresql``; ``mysql``: the MariaDB section's server, ``mariadb.url()``), each in a process of its
+    own (Django reads its settings once a process); into ``--json``: ``{vendor: figures, **top}``."""
     name = os.environ.get("BENCH_DATABASE") or name
     vendors = args.databases.split(",")
     if len(vendors) > 1:
@@ -160,8 +160,13 @@ def by_database(args: argparse.Namespace, name: str, measure: Callable[[str], Js
             script = str(Path(sys.argv[0]).resolve())
             combined.update(child_json([script, f"--databases={vendor}", *options], flag="--json"))
     else:
-        mariadb = urlparse(os.environ.get("MARIADB_URL") or "mysql://root@127.0.0.1:3306")._replace(path="").geturl()
-        server = "postgres://postgres@127.0.0.1:5432" if vendors[0] == "postgresql" else mariadb
+        from bench import mariadb  # it imports this module
+
+        server = (
+            "postgres://postgres@127.0.0.1:5432"
+            if vendors[0] == "postgresql"
+            else urlparse(mariadb.url())._replace(path="").geturl()  # the MariaDB section's server
+        )
         os.environ["DATABASE_URL"] = f"{server}/{name}"
         os.environ["BENCH_LOG_LEVEL"] = "WARNING"
         combined = {vendors[0]: measure(vendors[0]), **top}

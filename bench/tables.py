@@ -104,7 +104,7 @@ def fill_pending(
     backlog (without, the hand-written relay's claim sometimes scanned the whole table: 2x between runs).
     """
     with conn.transaction():
-        conn.execute(PENDING if table == MESSAGE else fill_sql("postgresql", "%(n)s", table=table), {"n": n})
+        conn.execute(fill_sql("postgresql", "%(n)s", table=table), {"n": n})
         if analyze:
             conn.execute(f"ANALYZE {table}")
         conn.execute("SELECT pg_notify(%s, '')", [channel])
