@@ -28,12 +28,20 @@ FIGURES = {
 }
 
 
+def _test_database_name() -> str:
+    """The test database's name, which carries the run's suffixes (``TEST_DATABASE_SUFFIX``, pytest-xdist's):
+    these tests use no test database, so ``NAME`` is still the configured one, shared by runs side by side,
+    whose teardown would drop each other's benchmark databases."""
+    s = connection.settings_dict
+    return s.get("TEST", {}).get("NAME") or f"test_{s['NAME']}"
+
+
 @pytest.fixture
 def bench_dsn():
     """A database of the benchmark's own beside the test database (never the test database itself)."""
     s = connection.settings_dict
     server = f"postgres://{s['USER'] or 'postgres'}@{s['HOST'] or '127.0.0.1'}:{s['PORT'] or 5432}"
-    name = f"{s['NAME']}_benchsmoke"
+    name = f"{_test_database_name()}_benchsmoke"
     yield f"{server}/{name}"
     with psycopg.connect(f"{server}/postgres", autocommit=True) as conn:
         # and the databases of the sections run by their own script (``<name>_<section>``)
@@ -110,7 +118,7 @@ def bench_mariadb_dsn():
         if os.environ.get("CI") == "true":
             pytest.fail(f"no MariaDB at {server}; under CI=true that is a failure")
         pytest.skip(f"no MariaDB at {server}")
-    name = f"{connection.settings_dict['NAME']}_benchsmoke"
+    name = f"{_test_database_name()}_benchsmoke"
     yield f"{server}/{name}"
     conn = mariadb.connect(f"{server}/mysql", autocommit=True)
     try:
