@@ -14,7 +14,7 @@ import tempfile
 import time
 from collections import defaultdict
 from collections.abc import Callable, Mapping, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, fields
 from functools import partial
 from pathlib import Path
 from typing import Any
@@ -26,55 +26,34 @@ from . import common, minimal_relay, procs, tables
 from .common import Json, execute, median, medians, ratio
 
 
+def _size(full: Any, quick: Any, smoke: Any) -> Any:
+    """A field of ``Sizes``: its value in a full run (the default), a ``--quick`` and a ``--smoke`` one."""
+    return field(default=full, metadata={"quick": quick, "smoke": smoke})
+
+
 @dataclass(kw_only=True)
 class Sizes:
-    """A run's sizes; the defaults are the full run's."""
-
-    reps: int = 3
-    send_transactions: int = 2000
-    send_reps: int = 5
-    drain_messages: int = 40_000
-    drain_processes: tuple[int, ...] = (1, 2, 4)
-    one_thread: bool = True  # also drain with ``--concurrency 1`` at one process
-    latency_messages: int = 200
-    history_small: int = 10_000
-    history_large: int = 1_000_000
-    claim_batches: int = 50
-    open_tx_seconds: float = 60
-    memory_messages: int = 200_000
-    compare_messages: int = 3000
-    enqueue_transactions: int = 1600  # per round, split among the producers
-    enqueue_producers: tuple[int, ...] = (1, 4, 16)
-    mariadb_messages: int = 40_000  # bench/mariadb.py: backlog, process counts, send() transactions
-    mariadb_processes: tuple[int, ...] = (1, 2)
-    mariadb_transactions: int = 1000
+    reps: int = _size(3, 3, 1)
+    send_transactions: int = _size(2000, 150, 20)
+    send_reps: int = _size(5, 5, 1)
+    drain_messages: int = _size(40_000, 5000, 300)
+    drain_processes: tuple[int, ...] = _size((1, 2, 4), (1, 2, 4), (1,))
+    one_thread: bool = _size(True, False, True)  # also drain with ``--concurrency 1`` at one process
+    latency_messages: int = _size(200, 200, 10)
+    history_small: int = _size(10_000, 10_000, 1000)
+    history_large: int = _size(1_000_000, 200_000, 2000)
+    claim_batches: int = _size(50, 20, 3)
+    open_tx_seconds: float = _size(60, 5, 1)
+    memory_messages: int = _size(200_000, 30_000, 500)
+    compare_messages: int = _size(3000, 500, 50)
+    enqueue_transactions: int = _size(1600, 800, 32)  # per round, split among the producers
+    enqueue_producers: tuple[int, ...] = _size((1, 4, 16), (1, 4, 16), (1, 4))
+    mariadb_messages: int = _size(40_000, 10_000, 300)  # bench/mariadb.py: backlog, process counts, send() transactions
+    mariadb_processes: tuple[int, ...] = _size((1, 2), (1, 2), (1,))
+    mariadb_transactions: int = _size(1000, 300, 20)
 
 
-#: Each size in the quick and the smoke run (the full run's are ``Sizes``' defaults).
-SMALLER: dict[str, tuple[Any, Any]] = {
-    "reps": (3, 1),
-    "send_transactions": (150, 20),
-    "send_reps": (5, 1),
-    "drain_messages": (5000, 300),
-    "drain_processes": ((1, 2, 4), (1,)),
-    "one_thread": (False, True),
-    "latency_messages": (200, 10),
-    "history_small": (10_000, 1000),
-    "history_large": (200_000, 2000),
-    "claim_batches": (20, 3),
-    "open_tx_seconds": (5, 1),
-    "memory_messages": (30_000, 500),
-    "compare_messages": (500, 50),
-    "enqueue_transactions": (800, 32),
-    "enqueue_producers": ((1, 4, 16), (1, 4)),
-    "mariadb_messages": (10_000, 300),
-    "mariadb_processes": ((1, 2), (1,)),
-    "mariadb_transactions": (300, 20),
-}
-SIZES = {
-    "full": Sizes(),
-    **{mode: Sizes(**{k: v[i] for k, v in SMALLER.items()}) for i, mode in enumerate(("quick", "smoke"))},
-}
+SIZES = {"full": Sizes(), **{m: Sizes(**{f.name: f.metadata[m] for f in fields(Sizes)}) for m in ("quick", "smoke")}}
 
 
 @dataclass(kw_only=True)
@@ -122,16 +101,9 @@ def _figure(reps: list[Json], keys: Sequence[str], suffix: str, **ratios: tuple[
     return {**medians(reps, keys, suffix), **{name: ratio(reps, *pair) for name, pair in ratios.items()}, "reps": reps}
 
 
-def _send_figure(
-    ctx: Context,
-    n: int,
-    write: Callable[[str, Any], None],
-    modes: Sequence[str],
-    suffix: str,
-    *,
-    quiet: Sequence[str] = (),
-    **ratios: tuple[str, str],
-) -> Json:
+def _send_reps(
+    ctx: Context, n: int, write: Callable[[str, Any], None], *modes: str, quiet: Sequence[str] = ()
+) -> list[Json]:
     """µs per business transaction with ``write(mode, order)``, the modes interleaved one transaction at a time:
     a warm-up round, then ``send_reps`` rounds, each followed by the ``quiet`` modes with NOTIFY off."""
 
@@ -150,12 +122,11 @@ def _send_figure(
                 times |= {f"{mode}_no_notify": t for mode, t in run(quiet).items()}
         reps.append(times)
         ctx.log_values("µs per transaction", times, "")
-    return {"transactions": n, **_figure(reps, list(reps[0]), suffix, **ratios)}
+    return reps
 
 
 def send_overhead(ctx: Context) -> Json:
-    """One-row business transactions: with ``send()``; with the floor, one hand-written ``INSERT`` into the
-    minimal twin table; with the row and NOTIFY written by hand into the project's table; with nothing."""
+    """``send()`` against the floor, one hand-written ``INSERT`` into the minimal twin table, NOTIFY on and off."""
     from django_outbox import outbox
 
     writes: dict[str, Callable[[Json], object]] = {
@@ -172,13 +143,12 @@ def send_overhead(ctx: Context) -> Json:
         "ratio_to_floor": ("send", "minimal"),  # the target's figure: at most 1.1x (aim 1.05x)
         "ratio_to_floor_no_notify": ("send_no_notify", "minimal_no_notify"),
     }
-    n = ctx.sizes.send_transactions
-    return _send_figure(ctx, n, write, list(writes), "_us_per_tx", quiet=("send", "minimal"), **ratios)
+    reps = _send_reps(ctx, ctx.sizes.send_transactions, write, *writes, quiet=("send", "minimal"))
+    return {"transactions": ctx.sizes.send_transactions, **_figure(reps, list(reps[0]), "_us_per_tx", **ratios)}
 
 
 def send_batch(ctx: Context) -> Json:
-    """100 messages in one transaction (``send_many()``) against one; the floor writes its 100 rows with one
-    ``INSERT ... SELECT unnest(...)``."""
+    """``send_many()`` of 100 against one; the floor writes its 100 rows with one ``INSERT ... SELECT unnest(...)``."""
     from django_outbox import outbox
 
     def write(mode: str, order: Any) -> None:
@@ -193,7 +163,7 @@ def send_batch(ctx: Context) -> Json:
     n = max(4, ctx.sizes.send_transactions // 5)
     modes = ("send_1", "send_100", "floor_1", "floor_100")
     ratios = {"ratio": ("send_100", "send_1"), "floor_ratio": ("floor_100", "floor_1")}  # the target: at most 2x
-    return {"api": "send_many", **_send_figure(ctx, n, write, modes, "_us", **ratios)}
+    return {"api": "send_many", "transactions": n, **_figure(_send_reps(ctx, n, write, *modes), modes, "_us", **ratios)}
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -298,8 +268,7 @@ def drain_once(
 
 
 def _turns(ctx: Context, label: str, unit: str, runs: Mapping[str, Callable[[], float]]) -> list[Json]:
-    """Per repetition, each of ``runs`` once, in an order rotated by one, so that over the repetitions each
-    meets the shared machine's drift in every position."""
+    """Each of ``runs`` once per repetition, rotated so that each meets the machine's drift in every position."""
     reps: list[Json] = []
     for rep in range(ctx.sizes.reps):
         reps.append({name: runs[name]() for name in common.rotated(list(runs), rep)})
@@ -345,14 +314,9 @@ def latency_summary(ms: list[float], sent: int) -> Json:
 
 
 def latency_neighbour(ctx: Context) -> Json:
-    """Commit to handler, keyed (ten keys) and unkeyed, against the minimal relay woken by a NOTIFY of its own.
-
-    An idle worker that polls every second; in each phase ``latency_messages`` sends, one per transaction a
-    random ``GAP`` apart, the three kinds in turn: ``idle``; ``busy``, with bench/neighbour.py running tiny
-    write transactions in ``<name>_neighbour``; ``idle_async``, the senders' COMMIT not waiting for the disk
-    (the wake-up path alone); the phases in an order rotated every repetition. Each time is also split at
-    COMMIT's return. Figures: medians over the repetitions.
-    """
+    """Commit to handler, keyed (ten keys) and unkeyed, against the minimal relay woken by a NOTIFY of its own,
+    each time also split at COMMIT's return. Phases, rotated every repetition: ``idle``; ``busy``, beside
+    bench/neighbour.py's write transactions; ``idle_async``, COMMIT not waiting for the disk (the wake-up alone)."""
     from django.db import transaction
 
     from django_outbox import outbox
@@ -374,9 +338,10 @@ def latency_neighbour(ctx: Context) -> Json:
             if kind == "minimal":  # the reference: one row into the minimal table, one NOTIFY
                 row_id = f"m{common.sql(minimal_relay.INSERT_ONE + ' RETURNING id', [json.dumps({'n': i})])[0][0]}"
                 execute("SELECT pg_notify('bench_minimal', '')")
-                return row_id, time.time()
-            key = f"k{i // len(LATENCY_KINDS) % 10}" if kind == "keyed" else None
-            return str(outbox.send("bench.latency", {"n": i}, key=key, headers=TIMED).id), time.time()
+            else:
+                key = f"k{i // len(LATENCY_KINDS) % 10}" if kind == "keyed" else None
+                row_id = str(outbox.send("bench.latency", {"n": i}, key=key, headers=TIMED).id)
+            return row_id, time.time()
 
     def phase(arrived: dict[str, float], name: str) -> Json:
         neighbour = procs.script("neighbour.py", neighbour_dsn) if name == "busy" else None
@@ -537,25 +502,22 @@ def claim_cost(ctx: Context) -> Json:
         reps: list[Json] = []
         for _ in range(ctx.sizes.reps):
             times: dict[str, list[float]] = defaultdict(list)
-            for i in range(batches):
-                if i % 2:
-                    reference(times, history)
-                claim_and_record(times, errors)
-                if i % 2 == 0:
-                    reference(times, history)
+            steps = [partial(claim_and_record, times, errors), partial(reference, times, history)]
+            for i in range(batches):  # the claim and the reference alternate which goes first
+                for step in common.rotated(steps, i):
+                    step()
             reps.append({k: median(v) * 1000 for k, v in times.items()})
             reps[-1]["claim_over_reference"] = reps[-1]["claim_ms"] / reps[-1]["reference_ms"]
             ctx.log_values(f"{history:,} rows of history", reps[-1], "ms")
         per_size[label] = {"history_rows": history, **medians(reps, list(reps[0])), "reps": reps}
         per_size[label] |= {"record_errors": sorted(set(errors))} if errors else {}
-    small, large = per_size["small"], per_size["large"]
-    return {
-        **per_size,
-        "ratio": large["claim_over_reference"] / small["claim_over_reference"],  # the target: at most 1.1x
-        "raw_ratio": large["claim_ms"] / small["claim_ms"],
-        "reference_ratio": large["reference_ms"] / small["reference_ms"],
-        "record_ratio": large["record_ms"] / small["record_ms"],
+    ratios = {  # large / small
+        "ratio": "claim_over_reference",  # the target: at most 1.1x
+        "raw_ratio": "claim_ms",
+        "reference_ratio": "reference_ms",
+        "record_ratio": "record_ms",
     }
+    return per_size | {name: per_size["large"][key] / per_size["small"][key] for name, key in ratios.items()}
 
 
 def open_transaction(ctx: Context, *, expected_rate: float) -> Json:
@@ -565,12 +527,8 @@ def open_transaction(ctx: Context, *, expected_rate: float) -> Json:
     backlog = int(min(400_000, max(1000, expected_rate * window)))
     runs = {m: partial(drain_once, ctx, OUTBOX, 1, backlog, window=window, hold=m == "held") for m in ("held", "free")}
     reps = _turns(ctx, f"open transaction ({window:.0f}s)", "msg/s", runs)
-    figure = {
-        "window_s": window,
-        "backlog": backlog,
-        **_figure(reps, ("free", "held"), "_per_s", ratio=("held", "free")),
-    }
-    return figure | {"drop_percent": (1 - figure["ratio"]) * 100}
+    figure = _figure(reps, ("free", "held"), "_per_s", ratio=("held", "free"))
+    return {"window_s": window, "backlog": backlog, **figure, "drop_percent": (1 - figure["ratio"]) * 100}
 
 
 def memory(ctx: Context) -> Json:
