@@ -13,9 +13,8 @@ import sys
 import tempfile
 import time
 from collections import defaultdict
-from collections.abc import Callable, Iterator, Mapping, Sequence
-from contextlib import contextmanager
-from dataclasses import dataclass, field
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass, field, fields
 from functools import partial
 from pathlib import Path
 from typing import Any
@@ -27,65 +26,34 @@ from . import common, minimal_relay, procs, tables
 from .common import Json, execute, median, medians, ratio
 
 
+def _size(full: Any, quick: Any, smoke: Any) -> Any:
+    """A field of ``Sizes``: its value in a full run (the default), a ``--quick`` and a ``--smoke`` one."""
+    return field(default=full, metadata={"quick": quick, "smoke": smoke})
+
+
 @dataclass(kw_only=True)
 class Sizes:
-    """A run's sizes; the defaults are the full run's."""
-
-    reps: int = 3
-    send_transactions: int = 2000
-    send_reps: int = 5
-    drain_messages: int = 40_000
-    drain_processes: tuple[int, ...] = (1, 2, 4)
-    one_thread: bool = True  # also drain with ``--concurrency 1`` at one process
-    latency_messages: int = 200
-    history_small: int = 10_000
-    history_large: int = 1_000_000
-    claim_batches: int = 50
-    open_tx_seconds: float = 60
-    memory_messages: int = 200_000
-    compare_messages: int = 3000
-    enqueue_transactions: int = 1600  # per round, split among the producers
-    enqueue_producers: tuple[int, ...] = (1, 4, 16)
-    mariadb_messages: int = 40_000  # bench/mariadb.py: backlog, process counts, send() transactions
-    mariadb_processes: tuple[int, ...] = (1, 2)
-    mariadb_transactions: int = 1000
+    reps: int = _size(3, 3, 1)
+    send_transactions: int = _size(2000, 150, 20)
+    send_reps: int = _size(5, 5, 1)
+    drain_messages: int = _size(40_000, 5000, 300)
+    drain_processes: tuple[int, ...] = _size((1, 2, 4), (1, 2, 4), (1,))
+    one_thread: bool = _size(True, False, True)  # also drain with ``--concurrency 1`` at one process
+    latency_messages: int = _size(200, 200, 10)
+    history_small: int = _size(10_000, 10_000, 1000)
+    history_large: int = _size(1_000_000, 200_000, 2000)
+    claim_batches: int = _size(50, 20, 3)
+    open_tx_seconds: float = _size(60, 5, 1)
+    memory_messages: int = _size(200_000, 30_000, 500)
+    compare_messages: int = _size(3000, 500, 50)
+    enqueue_transactions: int = _size(1600, 800, 32)  # per round, split among the producers
+    enqueue_producers: tuple[int, ...] = _size((1, 4, 16), (1, 4, 16), (1, 4))
+    mariadb_messages: int = _size(40_000, 10_000, 300)  # bench/mariadb.py: backlog, process counts, send() transactions
+    mariadb_processes: tuple[int, ...] = _size((1, 2), (1, 2), (1,))
+    mariadb_transactions: int = _size(1000, 300, 20)
 
 
-SIZES = {
-    "full": Sizes(),
-    "quick": Sizes(
-        send_transactions=150,
-        drain_messages=5000,
-        one_thread=False,
-        history_large=200_000,
-        claim_batches=20,
-        open_tx_seconds=5,
-        memory_messages=30_000,
-        compare_messages=500,
-        enqueue_transactions=800,
-        mariadb_messages=10_000,
-        mariadb_transactions=300,
-    ),
-    "smoke": Sizes(
-        reps=1,
-        send_transactions=20,
-        send_reps=1,
-        drain_messages=300,
-        drain_processes=(1,),
-        latency_messages=10,
-        history_small=1000,
-        history_large=2000,
-        claim_batches=3,
-        open_tx_seconds=1,
-        memory_messages=500,
-        compare_messages=50,
-        enqueue_transactions=32,
-        enqueue_producers=(1, 4),
-        mariadb_messages=300,
-        mariadb_processes=(1,),
-        mariadb_transactions=20,
-    ),
-}
+SIZES = {"full": Sizes(), **{m: Sizes(**{f.name: f.metadata[m] for f in fields(Sizes)}) for m in ("quick", "smoke")}}
 
 
 @dataclass(kw_only=True)
@@ -102,14 +70,16 @@ class Context:
         parsed = urlparse(self.dsn)
         return parsed._replace(path=parsed.path + suffix).geturl()
 
+    def ensure_minimal(self) -> None:
+        """Create the minimal twin table once per run, from the project's table as it is now."""
+        if not self.minimal_made:
+            with tables.connect(self.dsn) as conn:
+                for statement in minimal_relay.CREATE:
+                    conn.execute(statement)
+            self.minimal_made = True
 
-def ensure_minimal(ctx: Context) -> None:
-    """Create the minimal twin table once per run, from the project's table as it is now."""
-    if not ctx.minimal_made:
-        with tables.connect(ctx.dsn) as conn:
-            for statement in minimal_relay.CREATE:
-                conn.execute(statement)
-        ctx.minimal_made = True
+    def log_values(self, label: str, values: Json, unit: str) -> None:
+        self.log(f"  {label}: " + ", ".join(f"{k} {v:,.1f} {unit}" for k, v in values.items()))
 
 
 def outbox_settings(**changes: Any) -> Any:
@@ -119,12 +89,6 @@ def outbox_settings(**changes: Any) -> Any:
     return override_settings(OUTBOX={**settings.OUTBOX, **changes})
 
 
-def _log(ctx: Context, label: str, values: Json, unit: str) -> None:
-    ctx.log(f"  {label}: " + ", ".join(f"{k} {v:,.1f} {unit}" for k, v in values.items()))
-
-
-# --- a. send() overhead -----------------------------------------------------------------------
-
 #: What a hand-written outbox would run: the same row and wake-up, one statement, no validation.
 HAND_WRITTEN_SEND = (
     f"WITH m AS ({minimal_relay.insert(table=tables.MESSAGE)} RETURNING id)"
@@ -132,18 +96,23 @@ HAND_WRITTEN_SEND = (
 )
 
 
+def _figure(reps: list[Json], keys: Sequence[str], suffix: str, **ratios: tuple[str, str]) -> Json:
+    """The medians of ``keys`` over the repetitions, the ratios named ``(mode, reference)``, the repetitions."""
+    return {**medians(reps, keys, suffix), **{name: ratio(reps, *pair) for name, pair in ratios.items()}, "reps": reps}
+
+
 def _send_reps(
     ctx: Context, n: int, write: Callable[[str, Any], None], *modes: str, quiet: Sequence[str] = ()
 ) -> list[Json]:
-    """A warm-up round, then ``send_reps`` rounds of µs per business transaction with ``write(mode, order)``,
-    the modes interleaved one transaction at a time; each followed by the ``quiet`` modes with NOTIFY off
-    (``<mode>_no_notify``)."""
+    """µs per business transaction with ``write(mode, order)``, the modes interleaved one transaction at a time:
+    a warm-up round, then ``send_reps`` rounds, each followed by the ``quiet`` modes with NOTIFY off."""
 
     def run(modes: Sequence[str]) -> dict[str, float]:
         return common.per_transaction(
             modes, n, lambda mode, i: common.business_transaction(i, lambda o: write(mode, o))
         )
 
+    ctx.ensure_minimal()
     run(modes)  # connections, caches, plans
     reps: list[Json] = []
     for _ in range(ctx.sizes.send_reps):
@@ -152,17 +121,14 @@ def _send_reps(
             with outbox_settings(NOTIFY=False):
                 times |= {f"{mode}_no_notify": t for mode, t in run(quiet).items()}
         reps.append(times)
-        _log(ctx, "µs per transaction", times, "")
+        ctx.log_values("µs per transaction", times, "")
     return reps
 
 
 def send_overhead(ctx: Context) -> Json:
-    """µs per one-row business transaction: with ``send()``; with the floor, one hand-written ``INSERT`` into
-    the minimal twin table; with the row and NOTIFY written by hand into the project's table; with nothing.
-    Then ``send()`` and the floor again with NOTIFY off."""
+    """``send()`` against the floor, one hand-written ``INSERT`` into the minimal twin table, NOTIFY on and off."""
     from django_outbox import outbox
 
-    ensure_minimal(ctx)
     writes: dict[str, Callable[[Json], object]] = {
         "plain": lambda payload: None,
         "send": lambda payload: outbox.send("bench.noop", payload),
@@ -173,23 +139,17 @@ def send_overhead(ctx: Context) -> Json:
     def write(mode: str, order: Any) -> None:
         writes[mode](common.order_payload(order))
 
-    n = ctx.sizes.send_transactions
-    reps = _send_reps(ctx, n, write, *writes, quiet=("send", "minimal"))
-    return {
-        "transactions": n,
-        **medians(reps, [*writes, "send_no_notify", "minimal_no_notify"], "_us_per_tx"),
-        "ratio_to_floor": ratio(reps, "send", "minimal"),  # the target's figure: at most 1.1x (aim 1.05x)
-        "ratio_to_floor_no_notify": ratio(reps, "send_no_notify", "minimal_no_notify"),
-        "reps": reps,
+    ratios = {
+        "ratio_to_floor": ("send", "minimal"),  # the target's figure: at most 1.1x (aim 1.05x)
+        "ratio_to_floor_no_notify": ("send_no_notify", "minimal_no_notify"),
     }
+    reps = _send_reps(ctx, ctx.sizes.send_transactions, write, *writes, quiet=("send", "minimal"))
+    return {"transactions": ctx.sizes.send_transactions, **_figure(reps, list(reps[0]), "_us_per_tx", **ratios)}
 
 
 def send_batch(ctx: Context) -> Json:
-    """100 messages in one transaction (``send_many()``) against one; the floor writes its 100 rows with one
-    ``INSERT ... SELECT unnest(...)``."""
+    """``send_many()`` of 100 against one; the floor writes its 100 rows with one ``INSERT ... SELECT unnest(...)``."""
     from django_outbox import outbox
-
-    ensure_minimal(ctx)
 
     def write(mode: str, order: Any) -> None:
         payloads = [{"order_id": order.pk, "item": order.item, "n": j} for j in range(int(mode.split("_")[1]))]
@@ -200,20 +160,10 @@ def send_batch(ctx: Context) -> Json:
         else:
             execute(minimal_relay.INSERT_MANY, [[json.dumps(p) for p in payloads]])
 
-    modes = ("send_1", "send_100", "floor_1", "floor_100")
     n = max(4, ctx.sizes.send_transactions // 5)
-    reps = _send_reps(ctx, n, write, *modes)
-    return {
-        "api": "send_many",
-        "transactions": n,
-        **medians(reps, modes, "_us"),
-        "ratio": ratio(reps, "send_100", "send_1"),  # the target: at most 2x
-        "floor_ratio": ratio(reps, "floor_100", "floor_1"),
-        "reps": reps,
-    }
-
-
-# --- b. drain throughput ----------------------------------------------------------------------
+    modes = ("send_1", "send_100", "floor_1", "floor_100")
+    ratios = {"ratio": ("send_100", "send_1"), "floor_ratio": ("floor_100", "floor_1")}  # the target: at most 2x
+    return {"api": "send_many", "transactions": n, **_figure(_send_reps(ctx, n, write, *modes), modes, "_us", **ratios)}
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -231,14 +181,9 @@ class System:
     seconds_per_message: float = 0.01  # how long it may take at most (and two minutes)
 
 
-def _outbox_fill(ctx: Context, n: int) -> float:
+def _fill(ctx: Context, n: int, *, table: str = tables.MESSAGE, channel: str = "django_outbox") -> float:
     with tables.connect(ctx.dsn) as conn:
-        return tables.fill_pending(conn, n, analyze=True)
-
-
-def _minimal_fill(ctx: Context, n: int) -> float:
-    with tables.connect(ctx.dsn) as conn:
-        return tables.fill_pending(conn, n, channel="bench_minimal", analyze=True, table=minimal_relay.TABLE)
+        return tables.fill_pending(conn, n, channel=channel, analyze=True, table=table)
 
 
 def busy_sql(table: str, statuses: str) -> str:
@@ -251,7 +196,7 @@ OUTBOX_RESET = (
 )
 OUTBOX_BUSY = busy_sql(tables.MESSAGE, "'pending', 'processing'")
 #: The project's table, as a system drains it.
-OUTBOX_TABLE: Any = {"reset": OUTBOX_RESET, "fill": _outbox_fill, "busy": OUTBOX_BUSY}
+OUTBOX_TABLE: Any = {"reset": OUTBOX_RESET, "fill": _fill, "busy": OUTBOX_BUSY}
 
 
 def _outbox(name: str, *options: str) -> System:
@@ -276,7 +221,7 @@ BASELINE = _relay("baseline", "--same-table", **OUTBOX_TABLE)
 MINIMAL = _relay(
     "minimal",
     reset=(f"TRUNCATE {minimal_relay.TABLE} RESTART IDENTITY",),
-    fill=_minimal_fill,
+    fill=partial(_fill, table=minimal_relay.TABLE, channel="bench_minimal"),
     busy=busy_sql(minimal_relay.TABLE, "'pending', 'processing'"),
 )
 
@@ -289,12 +234,9 @@ def _exists(conn: psycopg.Connection[tuple[object, ...]], statement: str) -> boo
 def drain_once(
     ctx: Context, system: System, processes: int, n: int, *, window: float | None = None, hold: bool = False
 ) -> float:
-    """Messages per second for ``processes`` idle workers to drain a backlog of ``n`` committed at once.
-
-    With a ``window``: what they delivered of it in that many seconds (the project's table). ``hold``: while
-    another session holds a transaction with an xid open from before the backlog's commit to the end, so
-    that vacuum cannot remove what it might see.
-    """
+    """Messages per second for ``processes`` idle workers to drain a backlog of ``n`` committed at once; with a
+    ``window``, what they delivered of it in that many seconds (the project's table). ``hold``: another session
+    holds an xid from before the backlog's commit to the end, so that vacuum cannot remove what it might see."""
     dsn = system.dsn(ctx)
     with tables.connect(dsn) as conn:
         for statement in system.reset:
@@ -326,19 +268,18 @@ def drain_once(
 
 
 def _turns(ctx: Context, label: str, unit: str, runs: Mapping[str, Callable[[], float]]) -> list[Json]:
-    """Per repetition, each of ``runs`` once, in an order rotated by one, so that over the repetitions each
-    meets the shared machine's drift in every position."""
+    """Each of ``runs`` once per repetition, rotated so that each meets the machine's drift in every position."""
     reps: list[Json] = []
     for rep in range(ctx.sizes.reps):
         reps.append({name: runs[name]() for name in common.rotated(list(runs), rep)})
-        _log(ctx, label, reps[-1], unit)
+        ctx.log_values(label, reps[-1], unit)
     return reps
 
 
 def drain(ctx: Context) -> Json:
     """The outbox (two delivery threads per process, its default; with ``one_thread``, at one process also
     one) against both relays with as many processes."""
-    ensure_minimal(ctx)
+    ctx.ensure_minimal()
     n = ctx.sizes.drain_messages
     result: Json = {"messages": n, "batch_size": 100, "by_processes": {}}
     for processes in ctx.sizes.drain_processes:
@@ -346,89 +287,50 @@ def drain(ctx: Context) -> Json:
         systems = [OUTBOX, *([OUTBOX_ONE_THREAD] if one_thread else []), BASELINE, MINIMAL]
         runs = {s.name: partial(drain_once, ctx, s, processes, n) for s in systems}
         reps = _turns(ctx, f"drain x{processes}", "msg/s", runs)
-        figure = result["by_processes"][str(processes)] = {
-            **medians(reps, ("outbox", "baseline", "minimal"), "_per_s"),
-            "ratio": ratio(reps, "outbox", "minimal"),  # the target: at least 0.5x (aim 0.8x)
-            "ratio_same_table": ratio(reps, "outbox", "baseline"),
-            "same_table_to_minimal": ratio(reps, "baseline", "minimal"),
-            "reps": reps,
-        }
+        figure = result["by_processes"][str(processes)] = _figure(
+            reps,
+            ("outbox", "baseline", "minimal"),
+            "_per_s",
+            ratio=("outbox", "minimal"),  # the target: at least 0.5x (aim 0.8x)
+            ratio_same_table=("outbox", "baseline"),
+            same_table_to_minimal=("baseline", "minimal"),
+        )
         if one_thread:
             figure["one_thread_per_s"] = median([r["outbox_one_thread"] for r in reps])
             figure["ratio_one_thread"] = ratio(reps, "outbox_one_thread", "minimal")
     return result
 
 
-# --- c. latency -------------------------------------------------------------------------------
-
 #: Seconds between two sends, drawn at random.
 GAP = (0.005, 0.015)
 #: The header that makes bench/noop's handler report its start to the harness.
 TIMED = {"bench-latency": "1"}
+#: The latency figure's messages, in turn: the outbox's keyed and unkeyed, and the minimal relay's rows.
+LATENCY_KINDS = ("keyed", "unkeyed", "minimal")
 
 
 def latency_summary(ms: list[float], sent: int) -> Json:
     return {f"p{q}_ms": common.percentile(ms, q) for q in (50, 95, 99)} | {"received": len(ms), "sent": sent}
 
 
-@contextmanager
-def _idle_workers(ctx: Context) -> Iterator[dict[str, float]]:
-    """An idle worker that polls every second and the minimal relay waiting for a NOTIFY, the times their
-    handlers started reported by id as they arrive."""
-    with procs.udp_receiver() as (port, arrived):
-        env = {"BENCH_UDP_PORT": str(port), "BENCH_POLL_INTERVAL": "1.0"}
-        args = ("--listen", "bench_minimal", "--udp-port", str(port))
-        started = [procs.outbox_worker(ctx.dsn, env=env), procs.script("minimal_relay.py", ctx.dsn, *args)]
-        try:
-            for p, ready in zip(started, ("relaying", "ready"), strict=True):
-                p.wait_for_line(ready)
-            time.sleep(1.0)
-            yield arrived
-        finally:
-            procs.stop_all(started)
-
-
-def _send_each(
-    ctx: Context, arrived: dict[str, float], send: Callable[[int], tuple[str, float]], timeout: float
-) -> dict[str, tuple[int, float, float]]:
-    """``latency_messages`` sends (``send(i)``: the id, and the time before its COMMIT, which the figures
-    include), a random ``GAP`` apart, then a wait for their handlers; per id: i, before and after COMMIT."""
-    arrived.clear()
-    sent: dict[str, tuple[int, float, float]] = {}
-    for i in range(ctx.sizes.latency_messages):
-        row_id, before = send(i)
-        sent[row_id] = (i, before, time.time())
-        time.sleep(random.uniform(*GAP))
-    procs.wait_for_all(arrived, sent, timeout)
-    return sent
-
-
-#: The latency figure's messages, in turn: the outbox's keyed and unkeyed, and the minimal relay's rows.
-LATENCY_KINDS = ("keyed", "unkeyed", "minimal")
-
-
 def latency_neighbour(ctx: Context) -> Json:
-    """Commit to handler, keyed (ten keys) and unkeyed, against the minimal relay woken by a NOTIFY of its own.
-
-    One idle worker; each phase sends ``latency_messages`` one per transaction, the three kinds in turn:
-    ``idle``; ``busy``, with bench/neighbour.py running tiny write transactions in ``<name>_neighbour``;
-    ``idle_async``, the senders' COMMIT not waiting for the disk (the wake-up path alone); the phases in an
-    order rotated every repetition. Each time is also split at COMMIT's return. Figures: medians over the
-    repetitions.
-    """
+    """Commit to handler, keyed (ten keys) and unkeyed, against the minimal relay woken by a NOTIFY of its own,
+    each time also split at COMMIT's return. Phases, rotated every repetition: ``idle``; ``busy``, beside
+    bench/neighbour.py's write transactions; ``idle_async``, COMMIT not waiting for the disk (the wake-up alone)."""
     from django.db import transaction
 
     from django_outbox import outbox
 
     neighbour_dsn = ctx.beside("_neighbour")
     tables.ensure_database(neighbour_dsn)
-    ensure_minimal(ctx)
+    ctx.ensure_minimal()
     with tables.connect(ctx.dsn) as conn:
         tables.truncate(conn)
         tables.vacuum(conn)
         conn.execute(MINIMAL.reset[0])
 
     def send(i: int, flush: bool) -> tuple[str, float]:
+        """The id of message ``i``, and the time before its COMMIT (which the figures include)."""
         kind = LATENCY_KINDS[i % len(LATENCY_KINDS)]
         with transaction.atomic():
             if not flush:  # this transaction only: COMMIT returns (and NOTIFY goes) before the WAL flush
@@ -436,17 +338,24 @@ def latency_neighbour(ctx: Context) -> Json:
             if kind == "minimal":  # the reference: one row into the minimal table, one NOTIFY
                 row_id = f"m{common.sql(minimal_relay.INSERT_ONE + ' RETURNING id', [json.dumps({'n': i})])[0][0]}"
                 execute("SELECT pg_notify('bench_minimal', '')")
-                return row_id, time.time()
-            key = f"k{i // len(LATENCY_KINDS) % 10}" if kind == "keyed" else None
-            return str(outbox.send("bench.latency", {"n": i}, key=key, headers=TIMED).id), time.time()
+            else:
+                key = f"k{i // len(LATENCY_KINDS) % 10}" if kind == "keyed" else None
+                row_id = str(outbox.send("bench.latency", {"n": i}, key=key, headers=TIMED).id)
+            return row_id, time.time()
 
     def phase(arrived: dict[str, float], name: str) -> Json:
         neighbour = procs.script("neighbour.py", neighbour_dsn) if name == "busy" else None
+        sent: dict[str, tuple[int, float, float]] = {}  # per id: i, the times before and after COMMIT
         try:
             if neighbour:
                 neighbour.wait_for_line("ready")
                 time.sleep(0.3)
-            sent = _send_each(ctx, arrived, lambda i: send(i, name != "idle_async"), 15)
+            arrived.clear()
+            for i in range(ctx.sizes.latency_messages):
+                row_id, before = send(i, name != "idle_async")
+                sent[row_id] = (i, before, time.time())
+                time.sleep(random.uniform(*GAP))
+            procs.wait_for_all(arrived, sent, 15)
         finally:
             if neighbour:
                 neighbour.stop()
@@ -464,12 +373,21 @@ def latency_neighbour(ctx: Context) -> Json:
             result[kind] = {
                 f"{span}p{q}_ms": common.percentile(v, q) * 1000 for span, v in spans.items() for q in (50, 99)
             }
-        _log(ctx, f"latency {name}", {k: result[k]["p50_ms"] for k in LATENCY_KINDS}, "ms p50")
+        ctx.log_values(f"latency {name}", {k: result[k]["p50_ms"] for k in LATENCY_KINDS}, "ms p50")
         return result
 
     phases = ("idle", "busy", "idle_async")
-    with _idle_workers(ctx) as arrived:
-        reps = [{p: phase(arrived, p) for p in common.rotated(phases, rep)} for rep in range(ctx.sizes.reps)]
+    with procs.udp_receiver() as (port, arrived):  # the handlers' start times, by id, as they arrive
+        env = {"BENCH_UDP_PORT": str(port), "BENCH_POLL_INTERVAL": "1.0"}
+        args = ("--listen", "bench_minimal", "--udp-port", str(port))
+        workers = [procs.outbox_worker(ctx.dsn, env=env), procs.script("minimal_relay.py", ctx.dsn, *args)]
+        try:
+            for worker, ready in zip(workers, ("relaying", "ready"), strict=True):
+                worker.wait_for_line(ready)
+            time.sleep(1.0)
+            reps = [{p: phase(arrived, p) for p in common.rotated(phases, rep)} for rep in range(ctx.sizes.reps)]
+        finally:
+            procs.stop_all(workers)
     out: Json = {"messages_per_phase": ctx.sizes.latency_messages, "reps": reps}
     for p in phases:
         of = [r[p] for r in reps]
@@ -485,28 +403,16 @@ def latency_neighbour(ctx: Context) -> Json:
     return out
 
 
-# --- c. enqueue concurrency and keyed producers ---------------------------------------------------
-
-
 def _producers(ctx: Context, modes: tuple[str, ...], **ratios: tuple[str, str]) -> Json:
     """Per producer count, transactions per second of each mode of bench/producer.py and the named ratios."""
-    ensure_minimal(ctx)  # the producers' warm-up writes to the minimal table
-    by: Json = {}
-    for producers in ctx.sizes.enqueue_producers:
-        per = max(4, ctx.sizes.enqueue_transactions // producers)
-        reps = _producer_reps(ctx, producers, per, modes)
-        by[str(producers)] = {
-            "transactions_per_producer": per,
-            **medians(reps, modes, "_per_s"),
-            **{name: ratio(reps, mode, reference) for name, (mode, reference) in ratios.items()},
-            "reps": reps,
-        }
-    return {"by_producers": by}
+    ctx.ensure_minimal()  # the producers' warm-up writes to the minimal table
+    return {"by_producers": {str(n): _producer_rounds(ctx, n, modes, ratios) for n in ctx.sizes.enqueue_producers}}
 
 
-def _producer_reps(ctx: Context, producers: int, per: int, modes: Sequence[str]) -> list[Json]:
+def _producer_rounds(ctx: Context, producers: int, modes: Sequence[str], ratios: Mapping[str, tuple[str, str]]) -> Json:
     """The producers start once (start-up is not timed); each round, released to all at once by a file that
     names its mode, runs ``per`` transactions in each."""
+    per = max(4, ctx.sizes.enqueue_transactions // producers)
     with tempfile.TemporaryDirectory(prefix="bench-producers-") as go:
         started = [procs.script("producer.py", go, str(per), env={"DATABASE_URL": ctx.dsn}) for _ in range(producers)]
         rounds = itertools.count()
@@ -522,37 +428,62 @@ def _producer_reps(ctx: Context, producers: int, per: int, modes: Sequence[str])
         try:
             for p in started:
                 p.wait_for_line("ready", timeout=180)
-            return _turns(ctx, f"producers x{producers}", "tx/s", {m: partial(release, m) for m in modes})
+            reps = _turns(ctx, f"producers x{producers}", "tx/s", {m: partial(release, m) for m in modes})
         finally:
             procs.stop_all(started)
+    return {"transactions_per_producer": per, **_figure(reps, modes, "_per_s", **ratios)}
 
 
-def enqueue(ctx: Context) -> Json:
-    """``send()`` against the floor (the same transaction plus one hand-written INSERT into the minimal
-    table), NOTIFY on (the floor with ``pg_notify``) and off."""
-    return _producers(
-        ctx,
-        ("send", "floor_notify", "send_quiet", "floor"),
-        ratio_notify=("send", "floor_notify"),
-        ratio_quiet=("send_quiet", "floor"),
-    )
-
-
-def keyed_producers(ctx: Context) -> Json:
-    """Keyed ``send()`` against unkeyed, NOTIFY off: ``key_many`` a key per transaction (the locks' cost),
-    ``key_one`` every producer on one key (they queue for its lock)."""
-    modes = ("send_quiet", "key_many", "key_one")
-    return _producers(ctx, modes, ratio_key_many=("key_many", "send_quiet"), ratio_key_one=("key_one", "send_quiet"))
-
-
-# --- d. scale ---------------------------------------------------------------------------------
+#: ``send()`` against the floor (the same transaction plus one hand-written INSERT into the minimal table),
+#: NOTIFY on (the floor with ``pg_notify``) and off.
+enqueue = partial(
+    _producers,
+    modes=("send", "floor_notify", "send_quiet", "floor"),
+    ratio_notify=("send", "floor_notify"),
+    ratio_quiet=("send_quiet", "floor"),
+)
+#: Keyed ``send()`` against unkeyed, NOTIFY off: ``key_many`` a key per transaction (the locks' cost),
+#: ``key_one`` every producer on one key (they queue for its lock).
+keyed_producers = partial(
+    _producers,
+    modes=("send_quiet", "key_many", "key_one"),
+    ratio_key_many=("key_many", "send_quiet"),
+    ratio_key_one=("key_one", "send_quiet"),
+)
 
 
 def claim_cost(ctx: Context) -> Json:
     """ms per claim of 100 messages and per record of their outcomes, with a small and a large history, in
     units of the reference: 100 rows of history fetched by primary key, one statement on the same connection.
-    The claim and the reference alternate which goes first."""
-    from django.db import connections
+    The claim and the reference alternate which goes first; a record that fails is a finding, not timed."""
+    from django.db import DatabaseError, connections
+    from django.utils import timezone
+
+    from django_outbox import store
+
+    def reference(times: dict[str, list[float]], history: int) -> None:
+        ids = random.sample(range(1, history + 1), min(100, history))
+        started = time.perf_counter()
+        common.sql(
+            f"SELECT id, uuid, topic, key, payload, headers, attempts FROM {tables.MESSAGE} WHERE id = ANY(%s)", [ids]
+        )
+        times["reference_ms"].append(time.perf_counter() - started)
+
+    def claim_and_record(times: dict[str, list[float]], errors: list[str]) -> None:
+        t = time.perf_counter()
+        batch = store.claim("default", worker="bench", limit=100, lease_seconds=60)
+        times["claim_ms"].append(time.perf_counter() - t)
+        now = timezone.now()
+        outcomes = [
+            store.Outcome(message_id=m.id, number=m.attempts, status=store.DELIVERED, started_at=now, finished_at=now)
+            for m in batch
+        ]
+        t = time.perf_counter()
+        try:
+            store.record("default", worker="bench", outcomes=outcomes)
+            times["record_ms"].append(time.perf_counter() - t)
+        except DatabaseError as exc:
+            errors.append(str(exc).strip())
 
     batches = ctx.sizes.claim_batches
     per_size: Json = {}
@@ -567,63 +498,26 @@ def claim_cost(ctx: Context) -> Json:
         errors: list[str] = []
         connections["default"].close()
         for _ in range(6):  # warm-up: connection, catalog caches, the prepared statements
-            _claim_and_record(defaultdict(list), errors)
+            claim_and_record(defaultdict(list), errors)
         reps: list[Json] = []
         for _ in range(ctx.sizes.reps):
             times: dict[str, list[float]] = defaultdict(list)
-            for i in range(batches):
-                if i % 2:
-                    times["reference_ms"].append(_reference_lookup(history))
-                _claim_and_record(times, errors)
-                if i % 2 == 0:
-                    times["reference_ms"].append(_reference_lookup(history))
+            steps = [partial(claim_and_record, times, errors), partial(reference, times, history)]
+            for i in range(batches):  # the claim and the reference alternate which goes first
+                for step in common.rotated(steps, i):
+                    step()
             reps.append({k: median(v) * 1000 for k, v in times.items()})
             reps[-1]["claim_over_reference"] = reps[-1]["claim_ms"] / reps[-1]["reference_ms"]
-            _log(ctx, f"{history:,} rows of history", reps[-1], "ms")
+            ctx.log_values(f"{history:,} rows of history", reps[-1], "ms")
         per_size[label] = {"history_rows": history, **medians(reps, list(reps[0])), "reps": reps}
         per_size[label] |= {"record_errors": sorted(set(errors))} if errors else {}
-    small, large = per_size["small"], per_size["large"]
-    return {
-        **per_size,
-        "ratio": large["claim_over_reference"] / small["claim_over_reference"],  # the target: at most 1.1x
-        "raw_ratio": large["claim_ms"] / small["claim_ms"],
-        "reference_ratio": large["reference_ms"] / small["reference_ms"],
-        "record_ratio": large["record_ms"] / small["record_ms"],
+    ratios = {  # large / small
+        "ratio": "claim_over_reference",  # the target: at most 1.1x
+        "raw_ratio": "claim_ms",
+        "reference_ratio": "reference_ms",
+        "record_ratio": "record_ms",
     }
-
-
-def _reference_lookup(history: int) -> float:
-    """Seconds of the reference statement."""
-    ids = random.sample(range(1, history + 1), min(100, history))
-    started = time.perf_counter()
-    common.sql(
-        f"SELECT id, uuid, topic, key, payload, headers, attempts FROM {tables.MESSAGE} WHERE id = ANY(%s)", [ids]
-    )
-    return time.perf_counter() - started
-
-
-def _claim_and_record(times: dict[str, list[float]], errors: list[str]) -> None:
-    """Seconds of one claim of 100 and of recording them, into ``times``; a record that fails is kept in
-    ``errors`` (a finding) and not timed."""
-    from django.db import DatabaseError
-    from django.utils import timezone
-
-    from django_outbox import store
-
-    t = time.perf_counter()
-    batch = store.claim("default", worker="bench", limit=100, lease_seconds=60)
-    times["claim_ms"].append(time.perf_counter() - t)
-    now = timezone.now()
-    outcomes = [
-        store.Outcome(message_id=m.id, number=m.attempts, status=store.DELIVERED, started_at=now, finished_at=now)
-        for m in batch
-    ]
-    t = time.perf_counter()
-    try:
-        store.record("default", worker="bench", outcomes=outcomes)
-        times["record_ms"].append(time.perf_counter() - t)
-    except DatabaseError as exc:
-        errors.append(str(exc).strip())
+    return per_size | {name: per_size["large"][key] / per_size["small"][key] for name, key in ratios.items()}
 
 
 def open_transaction(ctx: Context, *, expected_rate: float) -> Json:
@@ -631,21 +525,10 @@ def open_transaction(ctx: Context, *, expected_rate: float) -> Json:
     the window's end, against none; the backlog lasts about the window at b's rate."""
     window = ctx.sizes.open_tx_seconds
     backlog = int(min(400_000, max(1000, expected_rate * window)))
-
     runs = {m: partial(drain_once, ctx, OUTBOX, 1, backlog, window=window, hold=m == "held") for m in ("held", "free")}
     reps = _turns(ctx, f"open transaction ({window:.0f}s)", "msg/s", runs)
-    held_ratio = ratio(reps, "held", "free")
-    return {
-        "window_s": window,
-        "backlog": backlog,
-        **medians(reps, ("free", "held"), "_per_s"),
-        "ratio": held_ratio,
-        "drop_percent": (1 - held_ratio) * 100,
-        "reps": reps,
-    }
-
-
-# --- e. memory --------------------------------------------------------------------------------
+    figure = _figure(reps, ("free", "held"), "_per_s", ratio=("held", "free"))
+    return {"window_s": window, "backlog": backlog, **figure, "drop_percent": (1 - figure["ratio"]) * 100}
 
 
 def memory(ctx: Context) -> Json:
@@ -700,9 +583,6 @@ def memory(ctx: Context) -> Json:
         "growth_percent": (final / after_warm - 1) * 100 if after_warm else float("nan"),
         "samples": samples,
     }
-
-
-# --- comparisons --------------------------------------------------------------------------------
 
 
 def _peer(name: str, module: str, worker: str, settings: str = "", **kw: Any) -> System:
@@ -788,12 +668,9 @@ def compare(ctx: Context, reference: Json) -> Json:
         for processes in ctx.sizes.drain_processes:
             rates = [drain_once(ctx, system, processes, ctx.sizes.compare_messages) for _ in range(ctx.sizes.reps)]
             minimal = reference.get("by_processes", {}).get(str(processes), {}).get("minimal_per_s")
-            by[str(processes)] = {
-                "per_s": median(rates),
-                "ratio_to_minimal": median(rates) / minimal if minimal else None,
-                "reps": rates,
-            }
-            ctx.log(f"  {system.name} x{processes}: {median(rates):,.0f}/s")
+            rate = median(rates)
+            by[str(processes)] = {"per_s": rate, "ratio_to_minimal": rate / minimal if minimal else None, "reps": rates}
+            ctx.log(f"  {system.name} x{processes}: {rate:,.0f}/s")
     return result
 
 
