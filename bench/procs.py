@@ -14,6 +14,8 @@ from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
+from bench.common import django_env
+
 ROOT = Path(__file__).resolve().parent.parent
 
 
@@ -84,8 +86,7 @@ def stop_all(procs: Sequence[Proc]) -> None:
 
 
 def outbox_worker(dsn: str, *extra: str, env: dict[str, str] | None = None) -> Proc:
-    django = {"DJANGO_SETTINGS_MODULE": "bench.settings", "DATABASE_URL": dsn}
-    return Proc([sys.executable, str(ROOT / "manage.py"), "outbox_worker", *extra], env={**django, **(env or {})})
+    return Proc([sys.executable, str(ROOT / "manage.py"), "outbox_worker", *extra], env=django_env(dsn, **(env or {})))
 
 
 def last_line(args: Sequence[str], env: dict[str, str] | None = None, timeout: float = 900) -> str:

@@ -191,7 +191,8 @@ def main(argv: list[str] | None = None) -> int:
 
 
 def run_script(script: Script, section: str, size_name: str, dsn: str, with_mariadb: bool) -> Any:
-    """Run one script section; its JSON, or ``{"failed": exit status}`` (the run goes on with the rest)."""
+    """Run one script section, with its own settings and database; its JSON, or ``{"failed": exit status}`` (the
+    run goes on with the rest)."""
     args = getattr(script, size_name).split()
     env = {k: v for k, v in os.environ.items() if k not in ("DJANGO_SETTINGS_MODULE", "DATABASE_URL")}
     if script.database:

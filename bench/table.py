@@ -45,13 +45,13 @@ def cells(section: str, key: str) -> Callable[..., tuple[str, Rows]]:
     """``cells(section, key)(figure, outbox, reference, ratio)``: a row of format strings filled from the figures
     under ``key`` (``{idle[unkeyed][p50_ms]:.1f}``)."""
 
-    def templates(*cells: str) -> tuple[str, Rows]:
+    def filled(*templates: str) -> tuple[str, Rows]:
         def row(f: Json) -> Iterator[Row]:
-            yield tuple(cell.format_map(f[key]) for cell in cells)  # type: ignore[misc]
+            yield tuple(template.format_map(f[key]) for template in templates)  # type: ignore[misc]
 
         return section, row
 
-    return templates
+    return filled
 
 
 def send_many(f: Json) -> Iterator[Row]:
