@@ -26,9 +26,7 @@ def median(values: Sequence[float]) -> float:
 
 def percentile(values: Sequence[float], q: float) -> float:
     ordered = sorted(values)
-    if not ordered:
-        return float("nan")
-    return ordered[min(len(ordered) - 1, max(0, round(q / 100 * len(ordered)) - 1))]
+    return ordered[min(len(ordered) - 1, max(0, round(q / 100 * len(ordered)) - 1))] if ordered else float("nan")
 
 
 def ratio(reps: Sequence[Json], mode: str, reference: str) -> float:
@@ -86,7 +84,7 @@ def execute(statement: str, params: Any = None) -> None:
 
 
 def sql(statement: str, params: Any = None) -> list[tuple[Any, ...]]:
-    """Run one statement on Django's default connection; its rows, if any."""
+    """One statement on Django's default connection; its rows, if any."""
     from django.db import connection
 
     with connection.cursor() as cursor:
@@ -109,36 +107,30 @@ def django_env(dsn: str, settings: str = "bench.settings", **extra: str) -> dict
 
 def manage(dsn: str, *args: str, quiet: bool = False, **extra: str) -> float:
     """``manage.py *args`` on ``dsn`` in a process of its own (Django reads its settings once); its seconds."""
+    command = [sys.executable, str(ROOT / "manage.py"), *args]
+    env = {**os.environ, **django_env(dsn, **extra)}
     started = time.monotonic()
-    subprocess.run(
-        [sys.executable, str(ROOT / "manage.py"), *args],
-        cwd=ROOT,
-        env={**os.environ, **django_env(dsn, **extra)},
-        check=True,
-        capture_output=quiet,
-    )
+    subprocess.run(command, cwd=ROOT, env=env, check=True, capture_output=quiet)
     return time.monotonic() - started
 
 
 def setup_django(*aliases: str, settings: str = "bench.settings") -> None:
     """Create the database of ``DATABASE_URL`` if needed, set Django up and migrate ``aliases``."""
+    import django
+    from django.core.management import call_command
+
     from bench import tables
 
     os.environ["DJANGO_SETTINGS_MODULE"] = settings
     if os.environ.get("DATABASE_URL"):
         tables.ensure_database(os.environ["DATABASE_URL"])
-    import django
-
     django.setup()
-    from django.core.management import call_command
-
     for alias in aliases:
         call_command("migrate", database=alias, verbosity=0)
 
 
 def child_json(args: Sequence[str], *, flag: str = "--output", env: dict[str, str] | None = None) -> Any:
-    """Run ``args`` by this interpreter (``env`` added to the environment) with ``flag FILE``: the JSON it
-    wrote there (it failing raises)."""
+    """The JSON that ``args``, run by this interpreter with ``flag FILE``, wrote there (it failing raises)."""
     with tempfile.TemporaryDirectory() as tmp:
         output = Path(tmp) / "child.json"
         command = [sys.executable, *args, flag, str(output)]
@@ -147,27 +139,22 @@ def child_json(args: Sequence[str], *, flag: str = "--output", env: dict[str, st
 
 
 def by_database(args: argparse.Namespace, name: str, measure: Callable[[str], Json], **top: Any) -> None:
-    """``measure(vendor)`` in the database ``name`` (``BENCH_DATABASE`` when set: the harness names it after
-    its own, so two runs on databases of their own never share one) of each server of ``--databases``
-    (``postgresql``; ``mysql``: the MariaDB section's server, ``mariadb.url()``), each in a process of its
-    own (Django reads its settings once a process); into ``--json``: ``{vendor: figures, **top}``."""
-    name = os.environ.get("BENCH_DATABASE") or name
+    """``measure(vendor)`` in the database ``name`` (``BENCH_DATABASE`` when set: the harness names it after its
+    own, so two runs never share one) on each server of ``--databases`` (``mysql``: ``mariadb.url()``'s), each
+    in a process of its own (Django reads its settings once); into ``--json``: ``{vendor: figures, **top}``."""
     vendors = args.databases.split(",")
     if len(vendors) > 1:
-        combined: Json = {}
+        script = str(Path(sys.argv[0]).resolve())
         options = [f"--{k.replace('_', '-')}={v}" for k, v in vars(args).items() if k not in ("databases", "json")]
+        combined: Json = {}
         for vendor in vendors:
-            script = str(Path(sys.argv[0]).resolve())
             combined.update(child_json([script, f"--databases={vendor}", *options], flag="--json"))
     else:
         from bench import mariadb  # it imports this module
 
-        server = (
-            "postgres://postgres@127.0.0.1:5432"
-            if vendors[0] == "postgresql"
-            else urlparse(mariadb.url())._replace(path="").geturl()  # the MariaDB section's server
-        )
-        os.environ["DATABASE_URL"] = f"{server}/{name}"
+        server = "postgres://postgres@127.0.0.1:5432" if vendors[0] == "postgresql" else mariadb.url()
+        database = os.environ.get("BENCH_DATABASE") or name
+        os.environ["DATABASE_URL"] = urlparse(server)._replace(path=f"/{database}").geturl()
         os.environ["BENCH_LOG_LEVEL"] = "WARNING"
         combined = {vendors[0]: measure(vendors[0]), **top}
     if args.json:

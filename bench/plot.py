@@ -2,8 +2,8 @@
 
     python bench/plot.py bench/results/<run>.json [docs/img/drain-vs-processes.png]
 
-The project and both relays of the ``drain`` section, each point the median of the repetitions with a bar
-from the slowest to the fastest, and the peers when the run measured them. bench/run.py calls :func:`draw`.
+Each point the median of the repetitions, with a bar from the slowest to the fastest; the peers when the run
+measured them. bench/run.py calls :func:`draw`.
 """
 
 from __future__ import annotations
@@ -13,6 +13,7 @@ import sys
 from pathlib import Path
 from typing import Any
 
+PICTURE = Path(__file__).resolve().parent.parent / "docs" / "img" / "drain-vs-processes.png"
 SERIES = (
     ("outbox", "django-transactional-outbox", "#1565c0", "o"),
     ("minimal", "minimal relay, minimal table", "#2e7d32", "s"),
@@ -27,7 +28,7 @@ def draw(results: dict[str, Any], output: Path) -> None:
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    drain = results["figures"]["drain"]
+    drain, env = results["figures"]["drain"], results.get("environment", {})
     by = {int(p): figure for p, figure in drain["by_processes"].items()}
     processes = sorted(by)
     fig, ax = plt.subplots(figsize=(7.5, 4.5), dpi=120)
@@ -41,11 +42,7 @@ def draw(results: dict[str, Any], output: Path) -> None:
         if all(str(p) in peer for p in processes):
             rates = [peer[str(p)]["per_s"] for p in processes]
             ax.plot(processes, rates, label=name, color=grey, linestyle=":", marker=".")
-    ax.set_xticks(processes)
-    ax.set_xlabel("worker processes")
-    ax.set_ylabel("messages per second (no-op handler)")
-    ax.set_ylim(bottom=0)
-    env = results.get("environment", {})
+    ax.set(xticks=processes, xlabel="worker processes", ylabel="messages per second (no-op handler)", ylim=(0, None))
     ax.set_title(
         f"Drain of {drain['messages']:,} messages, medians of {len(by[processes[0]]['reps'])} (bars: min-max)\n"
         f"PostgreSQL {env.get('postgresql', {}).get('server_version', '?')}, {env.get('cpus', '?')} cores",
@@ -60,5 +57,4 @@ def draw(results: dict[str, Any], output: Path) -> None:
 
 
 if __name__ == "__main__":
-    default = Path(__file__).resolve().parent.parent / "docs" / "img" / "drain-vs-processes.png"
-    draw(json.loads(Path(sys.argv[1]).read_text()), Path(sys.argv[2]) if len(sys.argv) > 2 else default)
+    draw(json.loads(Path(sys.argv[1]).read_text()), Path(sys.argv[2]) if len(sys.argv) > 2 else PICTURE)

@@ -14,6 +14,8 @@ from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
+from bench.common import django_env
+
 ROOT = Path(__file__).resolve().parent.parent
 
 
@@ -23,13 +25,9 @@ class Proc:
     def __init__(self, args: Sequence[str], *, env: dict[str, str] | None = None) -> None:
         self.args = list(args)
         self.lines: list[str] = []
+        env = {**os.environ, "PYTHONUNBUFFERED": "1", **(env or {})}
         self.proc = subprocess.Popen(
-            self.args,
-            cwd=ROOT,
-            env={**os.environ, "PYTHONUNBUFFERED": "1", **(env or {})},
-            stdout=subprocess.PIPE,
-            stderr=subprocess.STDOUT,
-            text=True,
+            self.args, cwd=ROOT, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True
         )
         self._reader = threading.Thread(target=self._read, daemon=True)
         self._reader.start()
@@ -60,10 +58,8 @@ class Proc:
 
     def rss_kib(self) -> int:
         """Resident set size now (Linux ``/proc``)."""
-        for line in Path(f"/proc/{self.proc.pid}/status").read_text().splitlines():
-            if line.startswith("VmRSS:"):
-                return int(line.split()[1])
-        return 0
+        status = Path(f"/proc/{self.proc.pid}/status").read_text().splitlines()
+        return next((int(line.split()[1]) for line in status if line.startswith("VmRSS:")), 0)
 
     def stop(self, timeout: float = 30, *, signalled: bool = False) -> int:
         """SIGTERM (unless ``signalled`` already: a worker takes a second one as "stop at once", with its
@@ -90,10 +86,7 @@ def stop_all(procs: Sequence[Proc]) -> None:
 
 
 def outbox_worker(dsn: str, *extra: str, env: dict[str, str] | None = None) -> Proc:
-    return Proc(
-        [sys.executable, str(ROOT / "manage.py"), "outbox_worker", *extra],
-        env={"DJANGO_SETTINGS_MODULE": "bench.settings", "DATABASE_URL": dsn, **(env or {})},
-    )
+    return Proc([sys.executable, str(ROOT / "manage.py"), "outbox_worker", *extra], env=django_env(dsn, **(env or {})))
 
 
 def last_line(args: Sequence[str], env: dict[str, str] | None = None, timeout: float = 900) -> str:
@@ -112,8 +105,8 @@ def script(name: str, *args: str, env: dict[str, str] | None = None) -> Proc:
 
 
 def wait_drained(done: Callable[[], bool], workers: Sequence[Proc], what: str, timeout: float) -> float:
-    """Poll ``done`` every 10 ms until it holds, then the time; a worker that dies or a timeout (a stuck
-    worker must not hang the run) raises."""
+    """Poll ``done`` every 10 ms until it holds, then the time; a worker that dies or a timeout raises (a stuck
+    worker must not hang the run)."""
     deadline = time.monotonic() + timeout
     while not done():
         for p in workers:

@@ -1,18 +1,14 @@
 """The outbox's benchmark: every figure beside its reference, measured in the same run, as a ratio.
 
     DATABASE_URL=postgres://postgres@127.0.0.1:5432/bench_outbox python bench/run.py [--quick | --smoke]
-        [--only SECTION,...] [--compare-python PATH] [--output FILE]
-        [--history-rows N] [--memory-messages N] [--plot PNG]
+        [--only SECTION,...] [--compare-python PATH] [--output FILE] [--history-rows N] [--memory-messages N]
 
-Sections measured in this process (bench/figures.py, bench/mariadb.py): send, drain, latency, enqueue,
-keyed, scale, opentx, memory, compare, mariadb; then those measured by a script of their own in a process
-of its own (``SCRIPTS``), its JSON kept under the section (``{"failed": status}`` if it fails; the run goes
-on). docs/performance.md says what each figure is. It creates, migrates and empties the database of
-DATABASE_URL (and ``<name>_<section>`` beside it): point it at one of its own. ``--smoke`` runs in seconds
-(CI: the harness still works; its figures mean nothing). The ``mariadb`` section runs in ``MARIADB_URL``
-(default ``bench.mariadb.DEFAULT_URL``); with no MariaDB there it is skipped, unless named or ``CI=true``.
-It prints docs/performance.md's table (bench/table.py). Unless ``--smoke``, the drain figures are drawn
-into ``--plot`` by bench/plot.py.
+It creates, migrates and empties the database of DATABASE_URL (and ``<name>_<section>`` beside it): point it at
+one of its own. The sections of bench/figures.py and bench/mariadb.py run in this process, then each of
+``SCRIPTS`` in a process of its own (``{"failed": status}`` if it fails; the run goes on). ``mariadb`` runs in
+``MARIADB_URL``; with no MariaDB there it is skipped, unless named or ``CI=true``. ``--smoke`` runs in seconds
+(CI: the harness still works; its figures mean nothing). It prints docs/performance.md's table
+(bench/table.py) and, unless ``--smoke``, draws the drain (bench/plot.py).
 """
 
 from __future__ import annotations
@@ -37,8 +33,7 @@ sys.path.insert(0, str(ROOT))
 from bench import table  # noqa: E402
 from bench.common import parser, write_json  # noqa: E402
 
-DEFAULT_COMPARE_PYTHON = ROOT / "bench" / ".venv-compare" / "bin" / "python"
-DJANGO6_PYTHON = ROOT / ".venv-django6" / "bin" / "python"
+COMPARE_PYTHON = ROOT / "bench" / ".venv-compare" / "bin" / "python"
 
 
 @dataclasses.dataclass(frozen=True)
@@ -105,7 +100,7 @@ SCRIPTS: dict[str, Script] = {
         "bench/tasks.py",
         "--output",
         database=True,
-        python=DJANGO6_PYTHON,
+        python=ROOT / ".venv-django6" / "bin" / "python",
         quick="--messages 1000 --peer-messages 300",
         smoke="--messages 50 --peer-messages 50 --reps 1 --processes 1",
     ),
@@ -126,15 +121,11 @@ def main(argv: list[str] | None = None) -> int:
     mode.add_argument("--quick", action="store_true", help="smaller sizes: a few minutes")
     mode.add_argument("--smoke", action="store_true", help="tiny sizes, one repetition: seconds (CI)")
     args_parser.add_argument("--only", help=f"comma-separated sections among {','.join(SECTIONS)}")
-    args_parser.add_argument(
-        "--compare-python",
-        help="interpreter of the environment holding the other libraries "
-        f"(default {DEFAULT_COMPARE_PYTHON.relative_to(ROOT)} if it exists; see bench/compare_setup.sh)",
-    )
+    compare = str(COMPARE_PYTHON) if COMPARE_PYTHON.exists() else None  # made by bench/compare_setup.sh
+    args_parser.add_argument("--compare-python", default=compare, help="the peers' interpreter")
     args_parser.add_argument("--output", type=Path, help="JSON file (default bench/results/<timestamp>.json)")
     args_parser.add_argument("--history-rows", type=int, help="rows of history for the large claim-cost size")
     args_parser.add_argument("--memory-messages", type=int, help="messages the memory figure relays")
-    args_parser.add_argument("--plot", type=Path, default=ROOT / "docs" / "img" / "drain-vs-processes.png")
     args = args_parser.parse_args(argv)
     only = set(args.only.split(",")) if args.only else set(SECTIONS)
     if only - set(SECTIONS):
@@ -153,22 +144,14 @@ def main(argv: list[str] | None = None) -> int:
         args_parser.error("DATABASE_URL must name a PostgreSQL database of the benchmark's own")
     common.setup_django("default")
 
-    compare_python = args.compare_python or (str(DEFAULT_COMPARE_PYTHON) if DEFAULT_COMPARE_PYTHON.exists() else None)
     size_name = "smoke" if args.smoke else "quick" if args.quick else "full"
-    sizes = figures.SIZES[size_name]
-    if args.history_rows:
-        sizes = dataclasses.replace(sizes, history_large=args.history_rows)
-    if args.memory_messages:
-        sizes = dataclasses.replace(sizes, memory_messages=args.memory_messages)
-    ctx = figures.Context(dsn=dsn, sizes=sizes, compare_python=compare_python, log=lambda s: print(s, flush=True))
+    longer = {"history_large": args.history_rows, "memory_messages": args.memory_messages}
+    sizes = dataclasses.replace(figures.SIZES[size_name], **{k: v for k, v in longer.items() if v})
+    ctx = figures.Context(dsn=dsn, sizes=sizes, compare_python=args.compare_python, log=lambda s: print(s, flush=True))
     results: dict[str, Any] = {"mode": size_name, "environment": figures.environment(dsn), "figures": {}}
     out = results["figures"]
-    maria: dict[str, Any] = {
-        "messages": sizes.mariadb_messages,
-        "processes": sizes.mariadb_processes,
-        "reps": sizes.reps,
-    }
-    maria |= {"transactions": sizes.mariadb_transactions, "log": ctx.log}
+    maria: dict[str, Any] = {"messages": sizes.mariadb_messages, "processes": sizes.mariadb_processes}
+    maria |= {"reps": sizes.reps, "transactions": sizes.mariadb_transactions, "log": ctx.log}
     # (section, JSON key, title, measure)
     steps: list[tuple[str, str, str, Callable[[], Any]]] = [
         ("send", "send", "a. send() overhead", lambda: figures.send_overhead(ctx)),
@@ -178,12 +161,7 @@ def main(argv: list[str] | None = None) -> int:
         ("enqueue", "enqueue", "c. enqueue concurrency", lambda: figures.enqueue(ctx)),
         ("keyed", "keyed", "c. keyed producers", lambda: figures.keyed_producers(ctx)),
         ("scale", "claim_cost", "d. claim cost vs history", lambda: figures.claim_cost(ctx)),
-        (
-            "opentx",
-            "open_transaction",
-            "d. open transaction",
-            lambda: figures.open_transaction(ctx, expected_rate=_rate(out)),
-        ),
+        ("opentx", "open_transaction", "d. open transaction", lambda: figures.open_transaction(ctx, **_expected(out))),
         ("memory", "memory", "e. memory", lambda: figures.memory(ctx)),
         ("compare", "compare", "comparisons", lambda: figures.compare(ctx, out.get("drain", {}))),
         ("mariadb", "mariadb", "f. MariaDB: drain and send()", lambda: mariadb.measure(mariadb.url(), **maria)),
@@ -203,23 +181,20 @@ def main(argv: list[str] | None = None) -> int:
         # after every section, so that a long run stopped part-way keeps what it measured
         results["seconds"], results["notes"] = time.monotonic() - started, ctx.notes
         write_json(output, results)
-    print()
-    print(table.render(results))
-    print(f"\nwrote {output}")
+    print(f"\n{table.render(results)}\n\nwrote {output}")
     if "drain" in out and not args.smoke:
         from bench import plot
 
-        plot.draw(results, args.plot)
-        print(f"drew {args.plot}")
+        plot.draw(results, plot.PICTURE)
+        print(f"drew {plot.PICTURE}")
     return 0
 
 
 def run_script(script: Script, section: str, size_name: str, dsn: str, with_mariadb: bool) -> Any:
-    """Run one script section; its JSON, or ``{"failed": exit status}`` (the run goes on with the rest)."""
+    """Run one script section, with its own settings and database; its JSON, or ``{"failed": exit status}`` (the
+    run goes on with the rest)."""
     args = getattr(script, size_name).split()
-    env = {**os.environ}
-    env.pop("DJANGO_SETTINGS_MODULE", None)  # each script names its own
-    env.pop("DATABASE_URL", None)
+    env = {k: v for k, v in os.environ.items() if k not in ("DJANGO_SETTINGS_MODULE", "DATABASE_URL")}
     if script.database:
         env["DATABASE_URL"] = f"{dsn}_{section}"
     if script.mariadb:
@@ -239,9 +214,10 @@ def run_script(script: Script, section: str, size_name: str, dsn: str, with_mari
     return figures
 
 
-def _rate(out: dict[str, Any]) -> float:
+def _expected(out: dict[str, Any]) -> dict[str, float]:
+    """``open_transaction``'s ``expected_rate``: this run's one-process drain rate, if the drain ran."""
     one = out.get("drain", {}).get("by_processes", {}).get("1")
-    return float(one["outbox_per_s"]) if one else 5000.0
+    return {"expected_rate": float(one["outbox_per_s"]) if one else 5000.0}
 
 
 if __name__ == "__main__":

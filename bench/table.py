@@ -2,26 +2,26 @@
 
     python bench/table.py [RESULTS.json ...]
 
-One row per figure: the outbox, its reference in the same run, the ratio, the section that measures it.
-A later file's sections replace an earlier one's (a section re-run alone after a fix of its measurement).
-A section the run did not measure, or whose script failed before writing the figures a row needs, gives
-no row: the table says what was measured.
+A later file's sections replace an earlier one's (a section re-run alone after a fix of its measurement). A
+section the run did not measure, or whose script failed before writing the figures a row needs, gives no row.
 """
 
 from __future__ import annotations
 
 import json
-import shlex
-import statistics
 import sys
 from collections.abc import Callable, Iterator
 from pathlib import Path
+from statistics import median
 from typing import Any
 
 Json = dict[str, Any]
 Row = tuple[str, str, str, str]
-Rows = Callable[[Json, str], Iterator[Row]]
-HEADER = ("figure", "the outbox", "the reference, same run", "ratio")
+Rows = Callable[[Json], Iterator[Row]]
+HEADER = ("figure", "the outbox", "the reference, same run", "ratio", "section")
+KINDS = ("unkeyed", "idempotent", "keyed")
+VENDORS = {"postgresql": "PostgreSQL", "mysql": "MariaDB"}
+BROKERS = {"rabbitmq": "RabbitMQ", "redis": "Redis Streams", "nats": "NATS JetStream", "kafka": "Kafka"}
 
 
 def n(value: float) -> str:
@@ -41,35 +41,20 @@ def each(by: Json, key: str, fmt: Callable[[float], str] = n) -> str:
     return slash((p[key] for p in by.values()), fmt)
 
 
-def med(values: list[float]) -> float:
-    return statistics.median(values)
+def cells(section: str, key: str) -> Callable[..., tuple[str, Rows]]:
+    """``cells(section, key)(figure, outbox, reference, ratio)``: a row of format strings filled from the figures
+    under ``key`` (``{idle[unkeyed][p50_ms]:.1f}``)."""
+
+    def filled(*templates: str) -> tuple[str, Rows]:
+        def row(f: Json) -> Iterator[Row]:
+            yield tuple(template.format_map(f[key]) for template in templates)  # type: ignore[misc]
+
+        return section, row
+
+    return filled
 
 
-def ms(seconds: float) -> str:
-    return f"{seconds * 1000:.1f}"
-
-
-def size(section: str, mode: str, flag: str) -> int:
-    """An argument the harness gave a script section in this mode (``SCRIPTS``), for a row's wording."""
-    from bench.run import SCRIPTS
-
-    words = shlex.split(getattr(SCRIPTS[section], mode))
-    return int(words[words.index(flag) + 1])
-
-
-def cells(section: str, key: str, *templates: str) -> tuple[str, Rows]:
-    """A row whose cells are the figures under ``key`` put into format strings (``{send[ratio]:.2f}x``)."""
-
-    def row(f: Json, mode: str) -> Iterator[Row]:
-        yield tuple(template.format_map(f[key]) for template in templates)  # type: ignore[misc]
-
-    return section, row
-
-
-KINDS = ("unkeyed", "idempotent", "keyed")
-
-
-def send_many(f: Json, mode: str) -> Iterator[Row]:
+def send_many(f: Json) -> Iterator[Row]:
     s = f["send_many"]
     pg = s["postgresql"]
     yield (
@@ -80,7 +65,7 @@ def send_many(f: Json, mode: str) -> Iterator[Row]:
     )
 
 
-def send_many_mariadb(f: Json, mode: str) -> Iterator[Row]:
+def send_many_mariadb(f: Json) -> Iterator[Row]:
     s = f["send_many"]
     yield (
         "MariaDB `send_many()`, the same items",
@@ -90,7 +75,7 @@ def send_many_mariadb(f: Json, mode: str) -> Iterator[Row]:
     )
 
 
-def drain(f: Json, mode: str) -> Iterator[Row]:
+def drain(f: Json) -> Iterator[Row]:
     d = f["drain"]
     by = d["by_processes"]
     yield (
@@ -101,7 +86,7 @@ def drain(f: Json, mode: str) -> Iterator[Row]:
     )
 
 
-def enqueue(f: Json, mode: str) -> Iterator[Row]:
+def enqueue(f: Json) -> Iterator[Row]:
     by = f["enqueue"]["by_producers"]
     yield (
         f"enqueue: {slash(by, str)} producer processes, NOTIFY on",
@@ -117,7 +102,7 @@ def enqueue(f: Json, mode: str) -> Iterator[Row]:
     )
 
 
-def keyed(f: Json, mode: str) -> Iterator[Row]:
+def keyed(f: Json) -> Iterator[Row]:
     by = f["keyed"]["by_producers"]
     yield (
         f"keyed producers, {slash(by, str)} processes: each on a key of its own; all on one key",
@@ -127,33 +112,31 @@ def keyed(f: Json, mode: str) -> Iterator[Row]:
     )
 
 
-def keyed_drain(f: Json, mode: str) -> Iterator[Row]:
+def keyed_drain(f: Json) -> Iterator[Row]:
     kd = f["keyed_drain"]
-    messages = kd.get("messages") or size("keyed_drain", mode, "--messages")
-    for vendor, name in (("postgresql", "PostgreSQL"), ("mysql", "MariaDB")):
+    for vendor, name in VENDORS.items():
         if vendor not in kd:
             continue
         d = kd[vendor]
         keys = [k for k in d["rates"] if k != "0"]
         yield (
-            f"keyed drain on {name}, {n(messages)} messages over {slash(int(k) for k in keys)} keys,"
-            f" {kd.get('processes', 2)} processes",
-            f"{slash(med(d['rates'][k]) for k in keys)} msg/s",
-            f"the unkeyed drain of the same run: {n(med(d['rates']['0']))} msg/s",
-            slash((med(d["ratios"][k]) for k in keys), x),
+            f"keyed drain on {name}, {n(kd['messages'])} messages over {slash(int(k) for k in keys)} keys,"
+            f" {kd['processes']} processes",
+            f"{slash(median(d['rates'][k]) for k in keys)} msg/s",
+            f"the unkeyed drain of the same run: {n(median(d['rates']['0']))} msg/s",
+            slash((median(d["ratios"][k]) for k in keys), x),
         )
-        if len(d["claim_cost_s"]) < 2:
-            continue
-        (small, cost_small), (large, cost_large) = list(d["claim_cost_s"].items())[:2]
-        yield (
-            f"a claim of 100 on {name}, {n(int(small))} then {n(int(large))} pending on 5 keys",
-            f"{ms(cost_small)} then {ms(cost_large)} ms",
-            "",
-            f"{x(cost_large / cost_small)} for ten times the backlog",
-        )
+        if len(d["claim_cost_s"]) >= 2:
+            (small, cost_small), (large, cost_large) = list(d["claim_cost_s"].items())[:2]
+            yield (
+                f"a claim of 100 on {name}, {n(int(small))} then {n(int(large))} pending on 5 keys",
+                f"{cost_small * 1000:.1f} then {cost_large * 1000:.1f} ms",
+                "",
+                f"{x(cost_large / cost_small)} for ten times the backlog",
+            )
 
 
-def memory(f: Json, mode: str) -> Iterator[Row]:
+def memory(f: Json) -> Iterator[Row]:
     m = f["memory"]
     yield (
         f"worker memory (RSS) over {n(m['messages'])} messages",
@@ -163,7 +146,7 @@ def memory(f: Json, mode: str) -> Iterator[Row]:
     )
 
 
-def compare(f: Json, mode: str) -> Iterator[Row]:
+def compare(f: Json) -> Iterator[Row]:
     c = f["compare"]
     peers = {name: by for name, by in c.items() if isinstance(by, dict)}
     if not peers:
@@ -180,7 +163,7 @@ def compare(f: Json, mode: str) -> Iterator[Row]:
     )
 
 
-def mariadb_drain(f: Json, mode: str) -> Iterator[Row]:
+def mariadb_drain(f: Json) -> Iterator[Row]:
     d = f["mariadb"]["drain"]
     by = d["by_processes"]
     yield (
@@ -191,10 +174,7 @@ def mariadb_drain(f: Json, mode: str) -> Iterator[Row]:
     )
 
 
-BROKERS = {"rabbitmq": "RabbitMQ", "redis": "Redis Streams", "nats": "NATS JetStream", "kafka": "Kafka"}
-
-
-def brokers(f: Json, mode: str) -> Iterator[Row]:
+def brokers(f: Json) -> Iterator[Row]:
     b = f["brokers"]
     rate = {r["destination"]: r["median_rate"] for r in b["results"]}
     names = [d for d in BROKERS if d in rate]
@@ -213,7 +193,7 @@ def brokers(f: Json, mode: str) -> Iterator[Row]:
         )
 
 
-def topology(f: Json, mode: str) -> Iterator[Row]:
+def topology(f: Json) -> Iterator[Row]:
     t = f["topology"]["figures"]
     drains = t["drain"]["by_processes"]
     lat, direct = t["latency"]["transaction_listen"], t["latency"]["direct"]
@@ -226,13 +206,12 @@ def topology(f: Json, mode: str) -> Iterator[Row]:
     )
 
 
-def migrations(f: Json, mode: str) -> Iterator[Row]:
-    for vendor, name in (("postgresql", "PostgreSQL"), ("mysql", "MariaDB")):
+def migrations(f: Json) -> Iterator[Row]:
+    for vendor, name in VENDORS.items():
         for rows, variants in f["migrations"].get(vendor, {}).items():
             runs = variants["package"]
-            steps = list(runs[0]["steps"])
-            longest = {step: med([r["steps"][step]["longest_send_s"] for r in runs]) for step in steps}
-            floor = med([step["floor_s"] for r in runs for step in r["steps"].values()])
+            longest = {step: median([r["steps"][step]["longest_send_s"] for r in runs]) for step in runs[0]["steps"]}
+            floor = median([step["floor_s"] for r in runs for step in r["steps"].values()])
             yield (
                 f"the longest `send()` while this release's migrations run on {name}, {n(int(rows))} rows,"
                 " workers draining",
@@ -242,7 +221,7 @@ def migrations(f: Json, mode: str) -> Iterator[Row]:
             )
 
 
-def autovacuum(f: Json, mode: str) -> Iterator[Row]:
+def autovacuum(f: Json) -> Iterator[Row]:
     a = f["autovacuum"]
     tuned = next(r for r in a["results"] if r["tuned"])
     default = next(r for r in a["results"] if not r["tuned"])
@@ -254,20 +233,19 @@ def autovacuum(f: Json, mode: str) -> Iterator[Row]:
     )
 
 
-def admin(f: Json, mode: str) -> Iterator[Row]:
-    a = f["admin"]
-    slowest = max(a["pages"], key=lambda page: a["pages"][page]["median_ms"])
-    scans = sum(p["sequential_scans"] for p in a["pages"].values())
+def admin(f: Json) -> Iterator[Row]:
+    pages = f["admin"]["pages"]
+    slowest = max(pages, key=lambda page: pages[page]["median_ms"])
     yield (
-        f"the admin at {n(a['rows'])} rows: every list, filter, search, detail and the overview",
-        f"slowest median {a['pages'][slowest]['median_ms']:.0f} ms ({slowest});"
-        f" at most {max(p['queries'] for p in a['pages'].values())} queries a page",
+        f"the admin at {n(f['admin']['rows'])} rows: every list, filter, search, detail and the overview",
+        f"slowest median {pages[slowest]['median_ms']:.0f} ms ({slowest});"
+        f" at most {max(p['queries'] for p in pages.values())} queries a page",
         "no sequential scan of the message table",
-        f"{scans} sequential scans",
+        f"{sum(p['sequential_scans'] for p in pages.values())} sequential scans",
     )
 
 
-def tasks(f: Json, mode: str) -> Iterator[Row]:
+def tasks(f: Json) -> Iterator[Row]:
     t = f["tasks"]
     runs = {c: t[f"x{c}"] for c in sorted((k[1:] for k in t if k.startswith("x")), key=int)}
     yield (
@@ -278,7 +256,7 @@ def tasks(f: Json, mode: str) -> Iterator[Row]:
     )
 
 
-def chaos(f: Json, mode: str) -> Iterator[Row]:
+def chaos(f: Json) -> Iterator[Row]:
     c = f["chaos"]
     exact = c["effects applied more than once"] == 0 and c["effects lost"] == 0
     yield (
@@ -292,17 +270,13 @@ def chaos(f: Json, mode: str) -> Iterator[Row]:
 
 #: (section, its rows), in the order of the docs' table.
 ROWS: tuple[tuple[str, Rows], ...] = (
-    cells(
-        "send",
-        "send",
+    cells("send", "send")(
         "`send()` in a one-row business transaction",
         "{send_us_per_tx:,.0f} µs",
         "the floor: the same transaction plus one `INSERT` into a minimal table, {minimal_us_per_tx:,.0f} µs",
         "**{ratio_to_floor:.2f}x** (NOTIFY off {ratio_to_floor_no_notify:.2f}x)",
     ),
-    cells(
-        "send",
-        "send_batch",
+    cells("send", "send_batch")(
         "100 messages in one transaction (`{api}()`) against one",
         "{send_100_us:,.0f} against {send_1_us:,.0f} µs",
         "the floor: one `INSERT` of 100 rows against one, {floor_100_us:,.0f} against {floor_1_us:,.0f} µs",
@@ -310,18 +284,14 @@ ROWS: tuple[tuple[str, Rows], ...] = (
     ),
     ("send_many", send_many),
     ("drain", drain),
-    cells(
-        "latency",
-        "latency_neighbour",
+    cells("latency", "latency_neighbour")(
         "commit to handler, idle worker, PostgreSQL `NOTIFY`",
         "p50 {idle[unkeyed][p50_ms]:.1f} / p99 {idle[unkeyed][p99_ms]:.1f} ms",
         "the hand-written relay woken by its own `NOTIFY`: p50 {idle[minimal][p50_ms]:.1f}"
         " / p99 {idle[minimal][p99_ms]:.1f} ms",
         "p50 {idle[unkeyed_p50_to_minimal]:.2f}x",
     ),
-    cells(
-        "latency",
-        "latency_neighbour",
+    cells("latency", "latency_neighbour")(
         "the same, keyed, a busy neighbour database on the server",
         "p50 {busy[keyed][p50_ms]:.1f} / p99 {busy[keyed][p99_ms]:.1f} ms",
         "unkeyed, same phase: p50 {busy[unkeyed][p50_ms]:.1f} / p99 {busy[unkeyed][p99_ms]:.1f} ms",
@@ -330,18 +300,14 @@ ROWS: tuple[tuple[str, Rows], ...] = (
     ("enqueue", enqueue),
     ("keyed", keyed),
     ("keyed_drain", keyed_drain),
-    cells(
-        "scale",
-        "claim_cost",
+    cells("scale", "claim_cost")(
         "claim of 100, {small[history_rows]:,.0f} then {large[history_rows]:,.0f} rows of history",
         "{small[claim_ms]:.2f} then {large[claim_ms]:.2f} ms ({raw_ratio:.2f}x)",
         "100 rows by primary key from the same table: {small[reference_ms]:.2f} then {large[reference_ms]:.2f} ms"
         " ({reference_ratio:.2f}x)",
         "{ratio:.2f}x, in units of the reference",
     ),
-    cells(
-        "opentx",
-        "open_transaction",
+    cells("opentx", "open_transaction")(
         "drain while a transaction stays open elsewhere for {window_s:.0f} s",
         "{held_per_s:,.0f} msg/s",
         "the same drain without it: {free_per_s:,.0f} msg/s",
@@ -350,9 +316,7 @@ ROWS: tuple[tuple[str, Rows], ...] = (
     ("memory", memory),
     ("compare", compare),
     ("mariadb", mariadb_drain),
-    cells(
-        "mariadb",
-        "mariadb",
+    cells("mariadb", "mariadb")(
         "MariaDB `send()` in a one-row business transaction",
         "{send[send_us_per_tx]:,.0f} µs",
         "the floor, {send[floor_us_per_tx]:,.0f} µs",
@@ -361,9 +325,7 @@ ROWS: tuple[tuple[str, Rows], ...] = (
     ("send_many", send_many_mariadb),
     ("brokers", brokers),
     ("topology", topology),
-    cells(
-        "stop",
-        "stop",
+    cells("stop", "stop")(
         "an idle worker's exit on SIGTERM",
         "{postgresql[worker_s]:.2f} s",
         "a bare management command: {postgresql[reference_s]:.2f} s",
@@ -373,9 +335,7 @@ ROWS: tuple[tuple[str, Rows], ...] = (
     ("autovacuum", autovacuum),
     ("admin", admin),
     ("tasks", tasks),
-    cells(
-        "observability",
-        "observability",
+    cells("observability", "observability")(
         "`send()` without opentelemetry installed",
         "{fastest_us[without]:,.0f} µs (fastest round)",
         "`send()` without the tracing hook: {fastest_us[reference]:,.0f} µs",
@@ -386,11 +346,10 @@ ROWS: tuple[tuple[str, Rows], ...] = (
 
 
 def render(results: Json) -> str:
-    f, mode = results["figures"], results["mode"]
-    lines = ["| " + " | ".join((*HEADER, "section")) + " |", "|" + " --- |" * (len(HEADER) + 1)]
+    lines = ["| " + " | ".join(HEADER) + " |", "|" + " --- |" * len(HEADER)]
     for section, rows in ROWS:
         try:
-            made = list(rows(f, mode))
+            made = list(rows(results["figures"]))
         except KeyError:  # a script that failed part-way: its JSON lacks what the row states
             continue
         lines += ["| " + " | ".join((*row, f"`{section}`")) + " |" for row in made]
