@@ -1,17 +1,14 @@
 """What observability costs ``send()``, and a real worker's metrics (docs/operating.md).
 
-    python bench/observability.py [--sends 2000] [--rounds 3] [--json FILE]   (SQLite in a temporary file,
-        or DATABASE_URL)
-    DATABASE_URL=postgres://postgres@127.0.0.1:5432/outbox_metrics_run python bench/observability.py --metrics-run
-
-**send()**: each variant runs ``--sends`` calls of ``outbox.send()`` in one rolled-back transaction, in a
-process of its own, ``--rounds`` times interleaved; the fastest rounds are compared (on a shared machine
-the median and the tail measure the neighbours too): ``reference`` (``django_outbox.api`` loaded without
-the hook's two lines), ``without`` (opentelemetry unimportable; the process checks none was imported),
-``no-span`` (opentelemetry-api, no span) and ``in-span`` (the SDK, a span active). **--metrics-run**:
-``outbox_worker --metrics-port 0`` on the test settings' probe handlers, bursts of messages (some fail at
-random and are retried, some for good), the worker scraped every half second into
-bench/results/metrics-run.json, drawn into docs/img/metrics-run.png.
+**send()**: each variant runs ``--sends`` calls of ``outbox.send()`` in one rolled-back transaction (SQLite
+in a temporary file, or DATABASE_URL), in a process of its own, ``--rounds`` times interleaved; the fastest
+rounds are compared (on a shared machine the median and the tail measure the neighbours too):
+``reference`` (``django_outbox.api`` loaded without the hook's two lines), ``without`` (opentelemetry
+unimportable; the process checks none was imported), ``no-span`` (opentelemetry-api, no span) and
+``in-span`` (the SDK, a span active). **--metrics-run** (DATABASE_URL: PostgreSQL): ``outbox_worker
+--metrics-port 0`` on the test settings' probe handlers, bursts of messages (some fail at random and are
+retried, some for good), the worker scraped every half second into bench/results/metrics-run.json, drawn
+into docs/img/metrics-run.png.
 """
 
 from __future__ import annotations
