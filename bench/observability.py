@@ -46,7 +46,7 @@ LINES = (
 )
 
 
-def child(variant: str, sends: int) -> None:
+def child(variant: str, sends: int, output: Path) -> None:
     if variant == "without":
         sys.modules["opentelemetry"] = None  # type: ignore[assignment]  # import opentelemetry now fails
     if variant == "reference":
@@ -85,8 +85,8 @@ def child(variant: str, sends: int) -> None:
                     outbox.send("probe.bench", payload)
                 elapsed = time.perf_counter() - started
                 transaction.set_rollback(True)
-    leaked = sorted(m for m in sys.modules if m.startswith("opentelemetry") and sys.modules[m] is not None)
-    print(json.dumps({"variant": variant, "per_send_us": elapsed / sends * 1e6, "otel_modules": len(leaked)}))
+    leaked = [m for m in sys.modules if m.startswith("opentelemetry") and sys.modules[m] is not None]
+    common.write_json(output, {"variant": variant, "per_send_us": elapsed / sends * 1e6, "otel_modules": len(leaked)})
 
 
 def send_cost(sends: int, rounds: int) -> common.Json:
@@ -98,9 +98,7 @@ def send_cost(sends: int, rounds: int) -> common.Json:
         subprocess.run([sys.executable, str(ROOT / "manage.py"), "migrate", "-v0"], env=env, check=True, cwd=ROOT)
         for _ in range(rounds):
             for variant in VARIANTS:
-                command = [sys.executable, __file__, "--child", variant, "--sends", str(sends)]
-                out = subprocess.run(command, env=env, cwd=ROOT, check=True, capture_output=True, text=True).stdout
-                row = json.loads(out.strip().splitlines()[-1])
+                row = common.child_json([__file__, "--child", variant, "--sends", str(sends)], flag="--json", env=env)
                 if variant == "without" and row["otel_modules"]:
                     raise SystemExit("opentelemetry was imported although it is not installed")
                 results[variant].append(row["per_send_us"])
@@ -208,7 +206,7 @@ def main() -> int:
     parser.add_argument("--seconds", type=float, default=40.0, help="of the metrics run")
     args = parser.parse_args()
     if args.child:
-        child(args.child, args.sends)
+        child(args.child, args.sends, args.json)
     elif args.metrics_run:
         result = args.json or ROOT / "bench" / "results" / "metrics-run.json"
         metrics_run(args.seconds, result)
