@@ -24,16 +24,16 @@ from urllib.parse import urlencode
 
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
-from bench import common  # noqa: E402
+from bench import common, tables  # noqa: E402
 from bench.common import Json, median  # noqa: E402
 
 os.environ.setdefault("DATABASE_URL", "postgres://postgres@127.0.0.1:5432/outbox_bench")
 os.environ["DEBUG"] = "false"
 
-MAX_QUERIES = 10  # per list or detail page; the overview gathers more figures
-# The overview: the session and the user, the database's clock, seven for the five status counts (two
-# past the cap are estimated), one for the lag and held-by-key together, one each for the dead topics, the
-# per-minute chart, the workers and held-by-schedule, two for the blocked-keys panel.
+MAX_QUERIES = 10  # per list or detail page
+# The overview: the session and the user, the clock, seven for the five status counts (two estimated past
+# the cap), the lag with held-by-key, the dead topics, the chart, the workers, held-by-schedule, two for
+# the blocked keys.
 MAX_QUERIES_OVERVIEW = 16
 TABLE = "django_outbox_message"
 ROLE = "outbox_bench_timeouts"
@@ -117,11 +117,11 @@ def main() -> int:
     figures: Json = {"rows": args.rows, "pages": {}}
     print(f"\n{'page':<28}{'median ms':>10}{'queries':>9}  sequential scans")
     for label, url in pages.items():
-        times, statements, _slowest, met = load(client, url, args.repeat)
+        ms, statements, _slowest, met = load(client, url, args.repeat)
         ran = [sql for sql in statements if not sql.startswith("EXPLAIN")]  # the estimates of counts
         scans = [sql[:120] for sql in ran if seq_scan(sql)]
-        print(f"{label:<28}{median(times):>10.1f}{len(ran):>9}  {len(scans)}")
-        figures["pages"][label] = {"median_ms": median(times), "queries": len(ran), "sequential_scans": len(scans)}
+        print(f"{label:<28}{ms:>10.1f}{len(ran):>9}  {len(scans)}")
+        figures["pages"][label] = {"median_ms": ms, "queries": len(ran), "sequential_scans": len(scans)}
         budget = MAX_QUERIES_OVERVIEW if label == "overview" else MAX_QUERIES
         errors += [f"{label}: {e}" for e in met]
         failures += [f"{label}: sequential scan in {sql}" for sql in scans]
@@ -150,8 +150,8 @@ def seq_scan(sql: str) -> bool:
     return f"Seq Scan on {TABLE}" in plan and not (" WHERE " not in sql and " LIMIT " in sql)
 
 
-def load(client: Any, url: str | None, repeat: int) -> tuple[list[float], list[str], float, list[str]]:
-    """``repeat`` loads of ``url`` (None: ``outbox_status --json``): page times, the last load's
+def load(client: Any, url: str | None, repeat: int) -> tuple[float, list[str], float, list[str]]:
+    """``repeat`` loads of ``url`` (None: ``outbox_status --json``): the median ms, the last load's
     statements, the slowest statement of all loads (ms), and the errors met."""
     from django.core.management import call_command
     from django.db import DatabaseError, connection
@@ -176,7 +176,7 @@ def load(client: Any, url: str | None, repeat: int) -> tuple[list[float], list[s
                     errors.append(f"exit {exc.code}")
             times.append((time.perf_counter() - started) * 1000)
         slowest = max([slowest, *(float(q["time"]) * 1000 for q in captured.captured_queries)])
-    return times, [q["sql"] for q in captured.captured_queries], slowest, errors
+    return median(times), [q["sql"] for q in captured.captured_queries], slowest, errors
 
 
 def under_timeouts(client: Any, pages: dict[str, str | None], repeat: int, shape: str, failures: list[str]) -> Json:
@@ -185,12 +185,12 @@ def under_timeouts(client: Any, pages: dict[str, str | None], repeat: int, shape
     print(f"{'page':<28}{'median ms':>10}{'slowest stmt':>14}{'statements':>12}  within {TIMEOUT_MS}ms")
     figures: Json = {}
     for label, url in pages.items():
-        times, queries, slowest, errors = load(client, url, repeat)
+        ms, queries, slowest, errors = load(client, url, repeat)
         verdict = "yes" if not errors and slowest < TIMEOUT_MS else ("ERROR " + errors[0] if errors else "NO")
-        print(f"{label:<28}{median(times):>10.1f}{slowest:>14.1f}{len(queries):>12}  {verdict}")
+        print(f"{label:<28}{ms:>10.1f}{slowest:>14.1f}{len(queries):>12}  {verdict}")
         if verdict != "yes":
             failures.append(f"{label} ({shape}): slowest statement {slowest:.0f} ms, errors {errors[:1]}")
-        figures[label] = {"median_ms": median(times), "slowest_statement_ms": slowest, "statements": len(queries)}
+        figures[label] = {"median_ms": ms, "slowest_statement_ms": slowest, "statements": len(queries)}
     return figures
 
 
@@ -218,18 +218,15 @@ def strict_role() -> Iterator[None]:
 
 @contextmanager
 def stuck_key(n: int) -> Iterator[None]:
-    """``n`` pending messages held behind one dead message of their key, for the time of the block,
-    written on a connection of its own without the role's timeouts (the fill is not what is measured)."""
-    import psycopg
-
-    dsn = os.environ["DATABASE_URL"]
-    with psycopg.connect(dsn, autocommit=True) as conn:
+    """``n`` pending messages held behind one dead message of their key for the time of the block, written
+    on a connection of its own, without the role's timeouts: the fill is not what is measured."""
+    with tables.connect(os.environ["DATABASE_URL"]) as conn:
         conn.execute(STUCK, {"key": STUCK_KEY, "n": n})
         conn.execute(f"ANALYZE {TABLE}")
     try:
         yield
     finally:
-        with psycopg.connect(dsn, autocommit=True) as conn:
+        with tables.connect(os.environ["DATABASE_URL"]) as conn:
             conn.execute(f"DELETE FROM {TABLE} WHERE key = %s", [STUCK_KEY])
             conn.execute(f"VACUUM ANALYZE {TABLE}")
 

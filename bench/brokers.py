@@ -60,33 +60,24 @@ TRANSPORTS: dict[str, tuple[str, dict[str, Any]]] = {
     ),
     "kafka": ("kafka.KafkaTransport", {"BOOTSTRAP_SERVERS": ""}),  # the Tansu broker main() starts
 }
-#: Every destination, in the order a round measures them (interleaved); the no-op handler is the baseline.
-TARGETS = ("noop", "rabbitmq", "redis", "nats", "kafka", "kafka-ref")
-
-
-# --- each broker emptied with its own client; then how many messages it holds -----------------------
 
 
 def rabbitmq_counter() -> Callable[[], int]:
     import pika
 
-    def channel() -> Any:  # the pika stubs want enums where pika takes strings
-        return pika.BlockingConnection(pika.URLParameters(AMQP_URL)).channel()
-
-    setup = channel()
-    setup.exchange_declare(EXCHANGE, "topic", durable=True)
-    setup.queue_declare(QUEUE, durable=True)
-    setup.queue_bind(QUEUE, EXCHANGE, "bench.#")
-    setup.queue_purge(QUEUE)
-    setup.connection.close()
-
-    def count() -> int:
-        ch = channel()
+    def count(purge: bool = False) -> int:
+        channel: Any = pika.BlockingConnection(pika.URLParameters(AMQP_URL)).channel()  # the stubs want enums
         try:
-            return int(ch.queue_declare(QUEUE, durable=True, passive=True).method.message_count or 0)
+            if purge:
+                channel.exchange_declare(EXCHANGE, "topic", durable=True)
+                channel.queue_declare(QUEUE, durable=True)
+                channel.queue_bind(QUEUE, EXCHANGE, "bench.#")
+                channel.queue_purge(QUEUE)
+            return int(channel.queue_declare(QUEUE, durable=True, passive=True).method.message_count or 0)
         finally:
-            ch.connection.close()
+            channel.connection.close()
 
+    count(purge=True)
     return count
 
 
@@ -124,13 +115,11 @@ def kafka_counter(topic: str = "bench.kafka") -> Callable[[], int]:
     from confluent_kafka import Consumer, TopicPartition
     from confluent_kafka.admin import AdminClient
 
-    bootstrap = TRANSPORTS["kafka"][1]["BOOTSTRAP_SERVERS"]
+    server = {"bootstrap.servers": TRANSPORTS["kafka"][1]["BOOTSTRAP_SERVERS"]}
 
     def total() -> int:
-        partitions = (
-            AdminClient({"bootstrap.servers": bootstrap}).list_topics(topic, timeout=10).topics[topic].partitions
-        )
-        consumer = Consumer({"bootstrap.servers": bootstrap, "group.id": "bench"})
+        partitions = AdminClient(server).list_topics(topic, timeout=10).topics[topic].partitions
+        consumer = Consumer({**server, "group.id": "bench"})
         consumer.assign([TopicPartition(topic, p, -2) for p in partitions])  # -2: from the beginning
         count, idle = 0, 0
         try:
@@ -146,16 +135,16 @@ def kafka_counter(topic: str = "bench.kafka") -> Callable[[], int]:
     return lambda: total() - before
 
 
-COUNTERS: dict[str, Callable[[], Callable[[], int]]] = {
+#: Every destination, in the order a round measures them (interleaved), and its counter: made before the
+#: fill, it empties the broker with the broker's own client, then counts what it holds. The no-op is the baseline.
+TARGETS: dict[str, Callable[[], Callable[[], int]] | None] = {
+    "noop": None,
     "rabbitmq": rabbitmq_counter,
     "redis": redis_counter,
     "nats": nats_counter,
     "kafka": kafka_counter,
     "kafka-ref": functools.partial(kafka_counter, "bench.kafkaref"),
 }
-
-
-# --- the run ----------------------------------------------------------------------------------------
 
 
 def relay(target: str) -> tuple[float, int]:
@@ -207,7 +196,8 @@ def kafka_reference() -> tuple[float, int]:
 
 def measure(target: str, count: int) -> float:
     """Fill, relay to ``target`` and time it; check the database and the broker hold every message."""
-    held = COUNTERS[target]() if target in COUNTERS else None
+    counter = TARGETS[target]
+    held = counter() if counter else None
     if target == "kafka-ref":
         common.sql(
             f"CREATE TABLE IF NOT EXISTS {REF_TABLE} (id bigserial PRIMARY KEY, key text, payload jsonb, "
@@ -247,13 +237,9 @@ def main() -> int:
                 print(f"round {round_number}: {target:<9} {rates[target][-1]:>8.0f} msg/s", flush=True)
     finally:
         tansu.stop()
+    noop = median(rates["noop"])
     rows = [
-        {
-            "destination": t,
-            "median_rate": round(median(r)),
-            "ratio": round(median(r) / median(rates["noop"]), 3),
-            "rates": r,
-        }
+        {"destination": t, "median_rate": round(median(r)), "ratio": round(median(r) / noop, 3), "rates": r}
         for t, r in rates.items()
     ]
     common.write_json(args.json, {"messages": args.messages, "rounds": args.rounds, "results": rows})

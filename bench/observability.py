@@ -1,17 +1,14 @@
 """What observability costs ``send()``, and a real worker's metrics (docs/operating.md).
 
-    python bench/observability.py [--sends 2000] [--rounds 3] [--json FILE]   (SQLite in a temporary file,
-        or DATABASE_URL)
-    DATABASE_URL=postgres://postgres@127.0.0.1:5432/outbox_metrics_run python bench/observability.py --metrics-run
-
-**send()**: each variant runs ``--sends`` calls of ``outbox.send()`` in one rolled-back transaction, in a
-process of its own, ``--rounds`` times interleaved; the fastest rounds are compared (on a shared machine
-the median and the tail measure the neighbours too): ``reference`` (``django_outbox.api`` loaded without
-the hook's two lines), ``without`` (opentelemetry unimportable; the process checks none was imported),
-``no-span`` (opentelemetry-api, no span) and ``in-span`` (the SDK, a span active). **--metrics-run**:
-``outbox_worker --metrics-port 0`` on the test settings' probe handlers, bursts of messages (some fail at
-random and are retried, some for good), the worker scraped every half second into
-bench/results/metrics-run.json, drawn into docs/img/metrics-run.png.
+**send()**: each variant runs ``--sends`` calls of ``outbox.send()`` in one rolled-back transaction (SQLite
+in a temporary file, or DATABASE_URL), in a process of its own, ``--rounds`` times interleaved; the fastest
+rounds are compared (on a shared machine the median and the tail measure the neighbours too):
+``reference`` (``django_outbox.api`` loaded without the hook's two lines), ``without`` (opentelemetry
+unimportable; the process checks none was imported), ``no-span`` (opentelemetry-api, no span) and
+``in-span`` (the SDK, a span active). **--metrics-run** (DATABASE_URL: PostgreSQL): ``outbox_worker
+--metrics-port 0`` on the test settings' probe handlers, bursts of messages (some fail at random and are
+retried, some for good), the worker scraped every half second into bench/results/metrics-run.json, drawn
+into docs/img/metrics-run.png.
 """
 
 from __future__ import annotations
@@ -49,7 +46,7 @@ LINES = (
 )
 
 
-def child(variant: str, sends: int) -> None:
+def child(variant: str, sends: int, output: Path) -> None:
     if variant == "without":
         sys.modules["opentelemetry"] = None  # type: ignore[assignment]  # import opentelemetry now fails
     if variant == "reference":
@@ -88,8 +85,8 @@ def child(variant: str, sends: int) -> None:
                     outbox.send("probe.bench", payload)
                 elapsed = time.perf_counter() - started
                 transaction.set_rollback(True)
-    leaked = sorted(m for m in sys.modules if m.startswith("opentelemetry") and sys.modules[m] is not None)
-    print(json.dumps({"variant": variant, "per_send_us": elapsed / sends * 1e6, "otel_modules": len(leaked)}))
+    leaked = [m for m in sys.modules if m.startswith("opentelemetry") and sys.modules[m] is not None]
+    common.write_json(output, {"variant": variant, "per_send_us": elapsed / sends * 1e6, "otel_modules": len(leaked)})
 
 
 def send_cost(sends: int, rounds: int) -> common.Json:
@@ -101,9 +98,7 @@ def send_cost(sends: int, rounds: int) -> common.Json:
         subprocess.run([sys.executable, str(ROOT / "manage.py"), "migrate", "-v0"], env=env, check=True, cwd=ROOT)
         for _ in range(rounds):
             for variant in VARIANTS:
-                command = [sys.executable, __file__, "--child", variant, "--sends", str(sends)]
-                out = subprocess.run(command, env=env, cwd=ROOT, check=True, capture_output=True, text=True).stdout
-                row = json.loads(out.strip().splitlines()[-1])
+                row = common.child_json([__file__, "--child", variant, "--sends", str(sends)], flag="--json", env=env)
                 if variant == "without" and row["otel_modules"]:
                     raise SystemExit("opentelemetry was imported although it is not installed")
                 results[variant].append(row["per_send_us"])
@@ -211,7 +206,7 @@ def main() -> int:
     parser.add_argument("--seconds", type=float, default=40.0, help="of the metrics run")
     args = parser.parse_args()
     if args.child:
-        child(args.child, args.sends)
+        child(args.child, args.sends, args.json)
     elif args.metrics_run:
         result = args.json or ROOT / "bench" / "results" / "metrics-run.json"
         metrics_run(args.seconds, result)

@@ -1,18 +1,16 @@
-"""Commit-to-handler latency and drain throughput per deployment topology, each beside its reference.
-
-Topologies (docs/deploying.md): direct; a private PgBouncer in session pooling; in transaction pooling
-with ``LISTEN_DATABASE`` direct, and without (the worker polls every 5 s, the default, as every worker
-here: only a wake-up explains a delivery within milliseconds); Django's own pool. **latency**: ``send()``'s
-row and NOTIFY committed over the web process's path, to an idle worker's handler; reference: a bare NOTIFY
-over the same path, heard where the listener is, and the direct topology. **drain**: a backlog committed at
-once, from the first claim (and from the commit), beside direct in the same round. **prepared**: behind
-transaction pooling, the adaptive fallback against ``PREPARED_STATEMENTS = False``. Every drain checks
-each message was delivered once and counts log lines that would mean a pooler artefact taken for an outage.
+"""Commit-to-handler latency and drain throughput per deployment topology (docs/deploying.md), each beside
+its reference: direct; PgBouncer in session pooling; in transaction pooling with ``LISTEN_DATABASE``
+direct, and without (polling every 5 s, the default, as every worker here: only a wake-up explains a
+delivery within milliseconds); Django's own pool. **latency**: ``send()``'s row and NOTIFY, committed over
+the web process's path, to an idle worker's handler, beside a bare NOTIFY heard where the listener is.
+**drain**: a backlog committed at once, from the first claim (and from the commit), beside direct in the
+same round. **prepared**: behind transaction pooling, the adaptive fallback against
+``PREPARED_STATEMENTS = False``. Every drain checks each message was delivered once and counts the log
+lines that would mean a pooler artefact taken for an outage.
 """
 
 from __future__ import annotations
 
-import dataclasses
 import functools
 import json
 import os
@@ -20,7 +18,8 @@ import random
 import sys
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from pathlib import Path
 from typing import Any, NamedTuple
 from urllib.parse import urlparse
@@ -33,7 +32,7 @@ os.environ["DJANGO_SETTINGS_MODULE"] = "bench.settings"
 import psycopg  # noqa: E402
 
 from bench import common, figures, procs, tables  # noqa: E402
-from bench.common import Json, interleaved, median, medians, parser, write_json  # noqa: E402
+from bench.common import Json, interleaved, median, medians, parser, ratio, write_json  # noqa: E402
 
 #: The product's default (conf.py); the workers here run with it so that polling cannot pass for a wake-up.
 POLL = 5.0
@@ -67,15 +66,14 @@ SIZES = {
 }
 
 
-@dataclasses.dataclass(frozen=True)
-class Topology:
+class Topology(NamedTuple):
     """Where the workers and the senders connect, and where a listener can hear a NOTIFY (None: nowhere)."""
 
     name: str
     label: str
     dsn: str
     listen_dsn: str | None
-    env: dict[str, str] = dataclasses.field(default_factory=dict)
+    env: dict[str, str]
 
 
 def topologies(dsn: str, session: str, transaction: str) -> list[Topology]:
@@ -83,17 +81,14 @@ def topologies(dsn: str, session: str, transaction: str) -> list[Topology]:
     listen = {"BENCH_LISTEN_DATABASE_URL": dsn}
     polling = f"PgBouncer, transaction pooling, no LISTEN_DATABASE (polls every {POLL:g}s)"
     return [
-        Topology("direct", "direct connections", dsn, dsn),
-        Topology("session", "PgBouncer, session pooling", session, session),
+        Topology("direct", "direct connections", dsn, dsn, {}),
+        Topology("session", "PgBouncer, session pooling", session, session, {}),
         Topology(
             "transaction_listen", "PgBouncer, transaction pooling, LISTEN_DATABASE direct", transaction, dsn, listen
         ),
-        Topology("transaction_polling", polling, transaction, None),
+        Topology("transaction_polling", polling, transaction, None, {}),
         Topology("django_pool", 'Django\'s pool (OPTIONS["pool"])', dsn, dsn, pool),
     ]
-
-
-log = functools.partial(print, flush=True)
 
 
 def connect(dsn: str) -> psycopg.Connection[tuple[Any, ...]]:
@@ -101,22 +96,32 @@ def connect(dsn: str) -> psycopg.Connection[tuple[Any, ...]]:
     return psycopg.connect(dsn, autocommit=True, prepare_threshold=None)
 
 
-def start_worker(t: Topology, **env: str) -> procs.Proc:
+@contextmanager
+def idle_workers(t: Topology, dsn: str, processes: int, **env: str) -> Iterator[list[procs.Proc]]:
+    """``processes`` workers on ``t`` over an outbox emptied through ``dsn``, given the time their listener's
+    probe takes: idle, as in production."""
+    with tables.connect(dsn) as conn:
+        tables.truncate(conn)
     env |= {**t.env, "BENCH_POLL_INTERVAL": str(POLL), "BENCH_LOG_LEVEL": "WARNING"}
-    worker = procs.outbox_worker(t.dsn, "--batch-size", "100", env=env)
-    worker.wait_for_line("relaying")
-    return worker
+    workers: list[procs.Proc] = []
+    try:
+        for _ in range(processes):
+            workers.append(procs.outbox_worker(t.dsn, "--batch-size", "100", env=env))
+            workers[-1].wait_for_line("relaying")
+        time.sleep(SETTLE_SECONDS)
+        yield workers
+    finally:
+        procs.stop_all(workers)
 
 
-def trouble(workers: list[procs.Proc]) -> int:
-    return sum(1 for p in workers for line in p.lines if any(word in line for word in TROUBLE))
+def logged(workers: list[procs.Proc], *words: str) -> int:
+    return sum(1 for p in workers for line in p.lines if any(word in line for word in words))
 
 
-def compared(s: Sizes, paths: list[Topology], one: Callable[[Topology], Json], ratio: str, *keys: str) -> Json:
-    """``one(path)`` for every path, ``s.reps`` times, the paths in alternating order so that each
-    repetition of a path is in the same round as the reference's (the first path). Per path: the medians
-    of ``keys``; ``ratio``, the median of each repetition's first key over the reference's; the counts of
-    what must not happen, summed."""
+def compared(s: Sizes, paths: list[Topology], one: Callable[[Topology], Json], ratio_key: str, *keys: str) -> Json:
+    """``one(path)`` per path, ``s.reps`` times in alternating order, so that each repetition shares a round
+    with the reference's (the first path): the medians of ``keys``, ``ratio_key`` (of the first key, within
+    each round) and the counts of what must not happen, summed."""
     runs: dict[str, list[Json]] = {t.name: [] for t in paths}
     for first in interleaved(s.reps):
         for t in paths if first else paths[::-1]:
@@ -127,7 +132,7 @@ def compared(s: Sizes, paths: list[Topology], one: Callable[[Topology], Json], r
         result[t.name] = {
             "label": t.label,
             **medians(r, keys),
-            ratio: median([x[keys[0]] / y[keys[0]] for x, y in zip(r, reference, strict=True)]),
+            ratio_key: median([x[keys[0]] / y[keys[0]] for x, y in zip(r, reference, strict=True)]),
             **{k: sum(x[k] for x in r) for k in COUNTS if k in r[0]},
             "reps": r,
         }
@@ -150,8 +155,8 @@ def send_each(dsn: str, n: int, statement: str, params: Callable[[int], list[Any
 
 
 def notify(t: Topology, listen_dsn: str, n: int) -> Json:
-    """The physical limit of a wake-up on ``t``: a bare NOTIFY over the sender's path, heard where the
-    worker's listener LISTENs."""
+    """A wake-up's physical limit on ``t``: a bare NOTIFY over the sender's path, heard where the worker's
+    listener LISTENs."""
     channel = f"bench_topology_{os.getpid()}"
     heard: dict[str, float] = {}
     done = threading.Event()
@@ -178,69 +183,56 @@ def latency(s: Sizes, paths: list[Topology]) -> Json:
     when it polls), and beside it a bare NOTIFY's (except where nothing can hear one)."""
 
     def once(t: Topology) -> Json:
-        with tables.connect(paths[0].dsn) as conn:
-            tables.truncate(conn)
-        worker = start_worker(t, BENCH_UDP_PORT=str(port))
-        try:
-            time.sleep(SETTLE_SECONDS)  # the listener's probe is over: idle, as in production
+        with idle_workers(t, paths[0].dsn, 1, BENCH_UDP_PORT=str(port)) as workers:
             arrived.clear()
             n, gap = (s.latency_messages, figures.GAP) if t.listen_dsn else (s.polling_messages, (0.05, POLL / 4))
             rep = send_each(t.dsn, n, SEND, lambda i: [json.dumps({"n": i})], gap, arrived)
-        finally:
-            worker.stop()
-        rep |= {"lost": rep["sent"] - rep["received"], "trouble_lines": trouble([worker])}
+        rep |= {"lost": rep["sent"] - rep["received"], "trouble_lines": logged(workers, *TROUBLE)}
         if t.listen_dsn:  # nothing can hear a NOTIFY behind transaction pooling
             rep["notify_p50_ms"] = notify(t, t.listen_dsn, s.latency_messages)["p50_ms"]
-        log(f"  latency {t.label}: p50 {rep['p50_ms']:.1f} p95 {rep['p95_ms']:.1f} ms")
+        print(f"  latency {t.label}: p50 {rep['p50_ms']:.1f} p95 {rep['p95_ms']:.1f} ms", flush=True)
         return rep
 
     with procs.udp_receiver() as (port, arrived):
         result = compared(s, paths, once, "p50_ratio_to_direct", "p50_ms", "p95_ms", "p99_ms")
     for r in result.values():
         if "notify_p50_ms" in r["reps"][0]:
-            r["notify_p50_ms"] = median([x["notify_p50_ms"] for x in r["reps"]])
-            r["p50_ratio_to_notify"] = median([x["p50_ms"] / x["notify_p50_ms"] for x in r["reps"]])
+            r |= medians(r["reps"], ["notify_p50_ms"])
+            r["p50_ratio_to_notify"] = ratio(r["reps"], "p50_ms", "notify_p50_ms")
     return result
 
 
 def drain_once(t: Topology, dsn: str, processes: int, n: int) -> Json:
     """``processes`` idle workers on ``t`` drain ``n`` messages committed at once (direct)."""
-    with tables.connect(dsn) as conn:
-        tables.truncate(conn)
-    started = [start_worker(t) for _ in range(processes)]
-    try:
-        time.sleep(SETTLE_SECONDS)
-        with tables.connect(dsn) as conn:
-            t0 = tables.fill_pending(conn, n, analyze=True)
-            first: list[float] = []
+    with idle_workers(t, dsn, processes) as started, tables.connect(dsn) as conn:
+        t0 = tables.fill_pending(conn, n, analyze=True)
+        first: list[float] = []
 
-            def done() -> bool:
-                row = conn.execute(
-                    "SELECT count(*) FILTER (WHERE status <> 'pending'),"
-                    " count(*) FILTER (WHERE status IN ('pending', 'processing')) FROM django_outbox_message"
-                ).fetchone()
-                assert row is not None
-                if not first and row[0]:
-                    first.append(time.time())
-                return not row[1]
-
-            t1 = procs.wait_drained(done, started, f"{t.name} draining {n}", 120 + n / 50)
+        def done() -> bool:
             row = conn.execute(
-                "SELECT count(*) FILTER (WHERE status = 'delivered' AND attempts = 1),"
-                " (SELECT count(*) FROM django_outbox_attempt) FROM django_outbox_message"
+                "SELECT count(*) FILTER (WHERE status <> 'pending'),"
+                " count(*) FILTER (WHERE status IN ('pending', 'processing')) FROM django_outbox_message"
             ).fetchone()
             assert row is not None
-    finally:
-        procs.stop_all(started)
+            if not first and row[0]:
+                first.append(time.time())
+            return not row[1]
+
+        t1 = procs.wait_drained(done, started, f"{t.name} draining {n}", 120 + n / 50)
+        row = conn.execute(
+            "SELECT count(*) FILTER (WHERE status = 'delivered' AND attempts = 1),"
+            " (SELECT count(*) FROM django_outbox_attempt) FROM django_outbox_message"
+        ).fetchone()
+        assert row is not None
     rep = {
         "per_s": n / max(t1 - first[0], 1e-3),
         "wake_s": first[0] - t0,
         "duplicates": int(str(row[1])) - n,
         "not_once": n - int(str(row[0])),
-        "trouble_lines": trouble(started),
-        "fallback_logged": sum(1 for p in started for line in p.lines if "prepared statements do not survive" in line),
+        "trouble_lines": logged(started, *TROUBLE),
+        "fallback_logged": logged(started, "prepared statements do not survive"),
     }
-    log(f"  drain {t.label} x{processes}: {rep['per_s']:,.0f} msg/s")
+    print(f"  drain {t.label} x{processes}: {rep['per_s']:,.0f} msg/s", flush=True)
     return rep
 
 
@@ -261,7 +253,7 @@ def main() -> int:
     args_parser.add_argument("--output", type=Path, required=True, help="JSON file")
     args = args_parser.parse_args()
     dsn = os.environ["DATABASE_URL"]
-    from tests.support import pgbouncer  # needs /usr/sbin/pgbouncer (apt-get install pgbouncer)
+    from tests.support.pgbouncer import PgBouncer  # needs /usr/sbin/pgbouncer (apt-get install pgbouncer)
 
     common.setup_django("default")
     size_name = "smoke" if args.smoke else "quick" if args.quick else "full"
@@ -269,22 +261,21 @@ def main() -> int:
     url = urlparse(dsn)
     # Fewer server connections than clients in transaction pooling, as in production.
     session, transaction = (
-        pgbouncer.PgBouncer(mode, server_host=url.hostname or "127.0.0.1", server_port=url.port or 5432, pool_size=size)
+        PgBouncer(mode, server_host=url.hostname or "127.0.0.1", server_port=url.port or 5432, pool_size=size)
         for mode, size in (("session", 30), ("transaction", 4))
     )
     results: Json = {"mode": size_name, "environment": figures.environment(dsn), "figures": {}}
     started = time.monotonic()
     try:
         paths = topologies(dsn, session.url(url.path[1:]), transaction.url(url.path[1:]))
-        log("latency, idle worker ...")
-        results["figures"]["latency"] = latency(s, paths)
-        log("drain ...")
-        results["figures"]["drain"] = drain(s, dsn, paths)
-        log("prepared statements behind transaction pooling ...")
         adaptive = paths[2]
-        env = {**adaptive.env, "BENCH_PREPARED_STATEMENTS": "0"}
-        label = adaptive.label + ", PREPARED_STATEMENTS = False"
-        unprepared = dataclasses.replace(adaptive, name=adaptive.name + "_unprepared", label=label, env=env)
+        results["figures"]["latency"] = latency(s, paths)
+        results["figures"]["drain"] = drain(s, dsn, paths)
+        unprepared = adaptive._replace(
+            name=adaptive.name + "_unprepared",
+            label=adaptive.label + ", PREPARED_STATEMENTS = False",
+            env={**adaptive.env, "BENCH_PREPARED_STATEMENTS": "0"},
+        )
         results["figures"]["prepared"] = drain(s, dsn, [adaptive, unprepared])
     finally:
         session.stop()
