@@ -15,13 +15,13 @@ import sys
 import time
 from pathlib import Path
 from typing import Any
-from urllib.parse import urlparse
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 from bench import common, figures, procs, tables
 from bench.common import ROOT, median
 
 DEFAULT_PEER_PYTHON = ROOT / "bench" / ".venv-compare" / "bin" / "python"
+PEER_TABLE = "django_tasks_database_dbtaskresult"
 
 
 def peer(name: str, python: str, dsn: str, settings: str, worker: list[str], **kw: Any) -> figures.System:
@@ -29,11 +29,12 @@ def peer(name: str, python: str, dsn: str, settings: str, worker: list[str], **k
     with a business row, in one committed transaction) run by ``python`` on ``settings`` in ``dsn``."""
     env = {"DJANGO_SETTINGS_MODULE": settings, "DATABASE_URL": dsn, "BENCH_COMPARE_DSN": dsn}
     env |= {"BENCH_TASKS_SYSTEM": name, "PYTHONPATH": str(ROOT)}
-    procs.last_line([python, "-m", "bench.compare.tasks_peer", "migrate"], env=env)
+    tasks_peer = [python, "-m", "bench.compare.tasks_peer"]
+    procs.last_line([*tasks_peer, "migrate"], env=env)
     return figures.System(
         name=name,
         start=lambda ctx: procs.Proc([python, *worker], env=env),
-        fill=lambda ctx, n: float(procs.last_line([python, "-m", "bench.compare.tasks_peer", "fill", str(n)], env=env)),
+        fill=lambda ctx, n: float(procs.last_line([*tasks_peer, "fill", str(n)], env=env)),
         dsn=lambda ctx: dsn,
         seconds_per_message=0.05,
         **kw,
@@ -54,20 +55,20 @@ def main(argv: list[str] | None = None) -> int:
         parser.error("DATABASE_URL must name a PostgreSQL database of the benchmark's own")
     if not Path(args.peer_python).exists():
         parser.error(f"{args.peer_python} does not exist: run bench/compare_setup.sh first")
-    parsed = urlparse(dsn)
-    peer_dsn = parsed._replace(path=parsed.path + "_peer").geturl()
-    tables.ensure_database(peer_dsn)
+    ctx = figures.Context(dsn=dsn, sizes=figures.Sizes())
+    tables.ensure_database(ctx.beside("_peer"))
     tables.ensure_database(dsn)
+    db_worker = ["-m", "django", "db_worker", "--interval", "0.1", "--no-startup-delay", "--no-reload"]
     systems = [
         peer(
             "django-tasks-db",
             args.peer_python,
-            peer_dsn,
+            ctx.beside("_peer"),
             "bench.compare.tasks_settings",
-            ["-m", "django", "db_worker", "--interval", "0.1", "--no-startup-delay", "--no-reload"],
+            db_worker,
             ready="Starting worker",
-            reset=("TRUNCATE django_tasks_database_dbtaskresult",),
-            busy=figures.busy_sql("django_tasks_database_dbtaskresult", "'READY', 'RUNNING'"),
+            reset=(f"TRUNCATE {PEER_TABLE}",),
+            busy=figures.busy_sql(PEER_TABLE, "'READY', 'RUNNING'"),
         ),
         peer(
             "outbox-tasks",
@@ -80,7 +81,6 @@ def main(argv: list[str] | None = None) -> int:
             busy=figures.OUTBOX_BUSY,
         ),
     ]
-    ctx = figures.Context(dsn=dsn, sizes=figures.Sizes())
     sizes = {"django-tasks-db": args.peer_messages, "outbox-tasks": args.messages}
     result: dict[str, object] = {"messages": sizes}
     for processes in [int(x) for x in args.processes.split(",")]:
