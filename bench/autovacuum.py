@@ -1,15 +1,11 @@
 """What the initial migration's autovacuum settings buy: a steady outbox with a long history, tuned against default.
 
-On a private PostgreSQL server (tests/chaos/run.py's: PostgreSQL's default autovacuum, which the shared server
-may run without, and fsync off, as pages read are measured, not durability), per setting (the migration's
-``ALTER TABLE ... SET``, or ``RESET``; alternating which goes first): ``--history`` delivered messages,
-vacuumed and checkpointed, then ``--rate`` messages a second committed while one worker relays them, for
-``--seconds``. Every 5 s it samples the pages (and time) the claim's index walk to the first 100 pending reads
-(``EXPLAIN (ANALYZE, BUFFERS)``), ``n_dead_tup``, the autovacuum count and the pending count: medians and
-maxima over the second half of the window (which should span several ``autovacuum_naptime``).
+On a private server (PostgreSQL's default autovacuum, which the shared one may run without; fsync off: pages
+read are measured, not durability), per setting (the migration's ``SET``, or ``RESET``; alternating): a
+``--history`` of delivered messages, then ``--rate`` messages a second while one worker relays them, for
+``--seconds``. Every 5 s: the pages (and time) of the claim's index walk to the first 100 pending, dead row
+versions, autovacuum runs and pending messages; medians and maxima over the window's second half.
 """
-
-from __future__ import annotations
 
 import importlib
 import os

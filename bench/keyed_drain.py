@@ -1,16 +1,10 @@
-"""How fast a keyed backlog drains by the number of keys, beside the unkeyed drain of the same run; and what
-one claim costs by the backlog behind a few keys.
+"""How fast a keyed backlog drains by the number of keys, and what one claim costs by the backlog behind a few.
 
-    python bench/keyed_drain.py [--databases postgresql,mysql] [--messages 20000] [--keys 0,10000,100,5,1]
-        [--cut 90] [--reps 3] [--backlogs 1000,10000,100000] [--json FILE]
-
-Drain: ``--messages`` pending messages round-robin over K keys (0: none), committed at once, two
-``outbox_worker --until-empty`` processes; the rate from the first to the last ``delivered_at`` (of what was
-delivered by the cut), as a ratio to the unkeyed drain of the same repetition. Claim cost: the median of 20
-claims of 100 (each released again) from B pending messages on 5 keys, which should not grow with B.
+Drain: ``--messages`` pending messages round-robin over K keys (``--keys``; 0: none), committed at once, two
+``outbox_worker --until-empty`` processes: the rate from the first to the last ``delivered_at`` (by ``--cut``),
+against the unkeyed drain of the same repetition. Claim cost: the median of 20 claims of 100 (each released
+again) from B (``--backlogs``) pending messages on 5 keys, which should not grow with B.
 """
-
-from __future__ import annotations
 
 import os
 import sys

@@ -1,18 +1,12 @@
-"""bench/run.py's MariaDB section: the drain and send() on MariaDB, each beside its hand-written floor.
+"""bench/run.py's MariaDB section: the drain and send() on MariaDB, each beside its hand-written floor, in a
+database of its own at ``MARIADB_URL`` (a child process runs Django there: the harness stays on PostgreSQL).
 
-In ``MARIADB_URL`` (default :data:`DEFAULT_URL`), a database of the benchmark's own. The harness stays on
-PostgreSQL's settings: what runs Django on MariaDB is a child process.
-
-- Drain: ``outbox_worker --batch-size 100 --poll-interval 0.01`` processes (10 ms, the least the option
-  takes: the relays sleep 5 ms) beside as many hand-written relays (``bench/mariadb_relay.py``) on a
-  minimal twin table, in a rotated order, each draining a backlog committed at once.
-- send(): this script in a child process. Each transaction is an order plus: ``send`` (``outbox.send()``);
-  ``floor`` (the same row by one hand-written ``INSERT``); ``send_keyed`` and ``floor_keyed`` (with a key,
-  the floor then the key's lock row, then the row, as per-key order needs on MariaDB); ``plain``
-  (nothing); interleaved one transaction at a time. The target: ``send`` at most 1.1x its floor.
+Drain: ``outbox_worker --batch-size 100 --poll-interval 0.01`` (10 ms, the option's least: the relays sleep
+5 ms) beside as many relays of bench/mariadb_relay.py on a twin table, in a rotated order, each draining a
+backlog committed at once. send(): an order plus ``send``, ``floor`` (the same row by one hand-written
+``INSERT``), ``send_keyed`` and ``floor_keyed`` (with a key; the floor writes the key's lock row first, as
+per-key order needs on MariaDB) or ``plain`` (nothing), interleaved one transaction at a time.
 """
-
-from __future__ import annotations
 
 import json
 import os

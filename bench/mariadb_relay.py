@@ -1,16 +1,12 @@
-"""The MariaDB reference: a hand-written relay with the two-statement claim, on a minimal twin table.
+"""The MariaDB reference: the least a relay can do per batch there, on the twin table bench/mariadb.py makes.
 
-    python bench/mariadb_relay.py mysql://root@127.0.0.1:3306/bench_outbox_mariadb
+    python bench/mariadb_relay.py DSN
 
-MariaDB has no ``UPDATE ... RETURNING`` and refuses ``LIMIT`` in an ``UPDATE``'s ``IN`` subquery, so the
-least a relay there can do per batch is what this one does: in one transaction, select up to 100 due pending
-rows in id order with ``FOR UPDATE SKIP LOCKED``, lease them with one ``UPDATE`` by id, commit; a no-op per
-row; one fenced acknowledgement (delivered where ``locked_by`` is this relay and ``attempts`` is the number
-it claimed), committed. No validation, no per-key order, no records of attempts. It runs on the twin table
-``bench/mariadb.py`` makes; prints ``ready`` once connected; idle, polls every 5 ms; stops on SIGTERM.
+MariaDB has no ``UPDATE ... RETURNING`` and refuses ``LIMIT`` in an ``UPDATE``'s ``IN`` subquery, so the claim
+takes two statements: select up to 100 due pending rows in id order ``FOR UPDATE SKIP LOCKED``, lease them by
+id, commit; then a no-op per row and one fenced acknowledgement. No validation, no per-key order, no records
+of attempts. Prints ``ready``; idle, it polls every 5 ms; stops on SIGTERM.
 """
-
-from __future__ import annotations
 
 import os
 import signal

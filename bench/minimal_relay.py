@@ -2,15 +2,12 @@
 
     python bench/minimal_relay.py DSN [--same-table] [--listen CHANNEL --udp-port PORT]
 
-It relays ``bench_minimal_message``, a twin of ``django_outbox_message`` (columns copied with ``LIKE``) with a
-primary key and one partial index on pending ids: the physical limit of "claim a batch, deliver, acknowledge"
-on PostgreSQL; ``--same-table``, the project's own table, paying every cost its schema imposes (its two
-statements differ only in form: a materialized CTE, a fence on the status). Prints ``ready`` once connected;
-idle, it polls every 5 ms or, with ``--listen``, waits for a NOTIFY (the latency figure's reference,
-reporting ``m<id> <time>`` per row to ``--udp-port``).
+It relays a twin of the message table with a primary key and one partial index on pending ids, the physical
+limit of "claim, deliver, acknowledge" on PostgreSQL, or (``--same-table``) the project's table, paying every
+cost its schema imposes (the statements differ only in form: a materialized CTE, a fence on the status).
+Prints ``ready``; idle, it polls every 5 ms or waits for a NOTIFY (``--listen``: the latency figure's
+reference, reporting ``m<id> <time>`` per row to ``--udp-port``).
 """
-
-from __future__ import annotations
 
 import argparse
 import os

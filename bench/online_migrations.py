@@ -1,19 +1,12 @@
 """What a migration costs the requests that send while it runs: the online operations against Django's own.
 
-    python bench/online_migrations.py [--databases postgresql,mysql] [--rows 1000000,10000000]
-        [--pending 100000] [--reps 3] [--variants online,plain,package] [--json FILE]
-
-Per database and table size (``--rows`` delivered messages in ``bench_online``, or ``BENCH_DATABASE``), per
-repetition and variant, with ``--pending`` pending messages, ``outbox.send()`` every 5 ms and two workers
-draining, ``manage.py migrate`` runs one migration at a time through three changes to the message table (an
-index on ``topic``, a column that may be NULL, a check constraint on it). ``online``: the three written with
-``django_outbox.store.online`` (tests/support/migration_samples); ``plain``: as ``makemigrations`` writes
-them (the reference, in the same run, alternating which goes first); ``package``: the package's own
-migrations after its initial one, with workers on the code before them. Per change: how long ``migrate``
-took, the longest ``send()`` overlapping it and, as the floor, the longest of the seconds before; failed
-sends and worker error lines are counted."""
-
-from __future__ import annotations
+Per database and table size (``--rows`` delivered messages), each variant runs ``migrate`` one migration at a
+time while ``outbox.send()`` runs every 5 ms and two workers drain ``--pending`` messages: ``online`` (three
+changes written with ``django_outbox.store.online``: an index on ``topic``, a column that may be NULL, a check
+on it), ``plain`` (the same as ``makemigrations`` writes them: the reference, the order alternating) and
+``package`` (the package's own migrations, its workers on the code before them). Per change: ``migrate``'s
+seconds and the longest ``send()`` overlapping it, against the longest of the seconds before.
+"""
 
 import os
 import sys
@@ -115,7 +108,7 @@ def run_variant(vendor: str, variant: str, pending: int) -> dict[str, Any]:
     }
 
 
-def measure(vendor: str, sizes: list[int], pending: int, reps: int, variants: list[str]) -> dict[str, Any]:
+def measure(vendor: str, sizes: list[int], pending: int, reps: int) -> dict[str, Any]:
     """Per table size, each variant's runs, in an order reversed every other repetition."""
     common.setup_django()
     from django.db import connections
@@ -128,9 +121,9 @@ def measure(vendor: str, sizes: list[int], pending: int, reps: int, variants: li
         migrate("online", "django_outbox", BASE)
         tables.fill(vendor, rows, status="delivered")
         print(f"{vendor}: {rows:,} delivered messages", flush=True)
-        results[str(rows)] = runs = {variant: list[dict[str, Any]]() for variant in variants}
+        results[str(rows)] = runs = {variant: list[dict[str, Any]]() for variant in VARIANTS}
         for first in common.interleaved(reps):
-            for variant in variants if first else variants[::-1]:
+            for variant in list(runs) if first else list(runs)[::-1]:
                 runs[variant].append(run_variant(vendor, variant, pending))
     return results
 
@@ -141,11 +134,10 @@ def main() -> None:
     parser.add_argument("--rows", default="1000000,10000000")
     parser.add_argument("--pending", type=int, default=100_000)
     parser.add_argument("--reps", type=int, default=3)
-    parser.add_argument("--variants", default=",".join(VARIANTS), help="online, plain, package")
     parser.add_argument("--json", type=Path)
     args = parser.parse_args()
-    sizes, variants = [int(r) for r in args.rows.split(",")], args.variants.split(",")
-    common.by_database(args, "bench_online", lambda vendor: measure(vendor, sizes, args.pending, args.reps, variants))
+    sizes = [int(r) for r in args.rows.split(",")]
+    common.by_database(args, "bench_online", lambda vendor: measure(vendor, sizes, args.pending, args.reps))
 
 
 if __name__ == "__main__":

@@ -1,16 +1,11 @@
 """``outbox.send_many()`` at scale on PostgreSQL and MariaDB, each beside a hand-written multi-row INSERT.
 
-    python bench/send_many_scale.py [--items 10000] [--keyed-items 50000] [--reps 3] [--output FILE]
-
-On each database (``DATABASE_URL``, ``MARIADB_URL``: each of the benchmark's own), a child process writes
-in one transaction ``unkeyed`` (``--items`` messages), ``idempotent`` (each with an idempotency key),
-``keyed`` (``--keyed-items``, each with a key of its own) or ``reference`` (``--items`` rows in one
-hand-written ``INSERT ... VALUES (...), (...)`` into a minimal table), the kinds rotated each repetition and
-the tables emptied between them. Figures: median items a second, as a ratio to the same database's
-reference, and MariaDB's against PostgreSQL's, both measured one after the other.
+On each database (``DATABASE_URL``, ``MARIADB_URL``), a child process writes in one transaction ``unkeyed``
+(``--items`` messages), ``idempotent`` (each with an idempotency key), ``keyed`` (``--keyed-items``, each with a
+key of its own) or ``reference`` (``--items`` rows by one ``INSERT ... VALUES`` into a minimal table), the kinds
+rotated each repetition. Figures: median items a second, against the same database's reference, and MariaDB's
+against PostgreSQL's.
 """
-
-from __future__ import annotations
 
 import json
 import os

@@ -38,5 +38,7 @@ if os.environ.get("BENCH_DB_OPTIONS"):
 if os.environ.get("BENCH_LISTEN_DATABASE_URL"):
     DATABASES["listen"] = env.db_url_config(os.environ["BENCH_LISTEN_DATABASE_URL"])  # noqa: F405
     OUTBOX["LISTEN_DATABASE"] = "listen"
+if os.environ.get("BENCH_TASKS_SYSTEM") == "outbox-tasks":  # bench/tasks.py: Django 6's tasks on the outbox
+    TASKS = {"default": {"BACKEND": "django_outbox.tasks.OutboxBackend"}}
 if os.environ.get("BENCH_MIGRATION_MODULE"):  # bench/online_migrations.py: a sample module's migrations
     MIGRATION_MODULES = {"django_outbox": os.environ["BENCH_MIGRATION_MODULE"]}

@@ -1,7 +1,5 @@
 """Filling and emptying the benchmark tables fast, with ``generate_series`` (no Python per row)."""
 
-from __future__ import annotations
-
 import time
 from contextlib import closing
 from typing import Any
