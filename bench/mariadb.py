@@ -118,9 +118,8 @@ def send(transactions: int, reps: int) -> Json:
     results: list[Json] = []
     for rep in range(reps):
         results.append(run(transactions))
-        print(
-            f"  mariadb send rep {rep + 1}: " + ", ".join(f"{k} {v:.0f} µs" for k, v in results[-1].items()), flush=True
-        )
+        shown = ", ".join(f"{k} {v:.0f} µs" for k, v in results[-1].items())
+        print(f"  mariadb send rep {rep + 1}: {shown}", flush=True)
     figure: Json = {"transactions_per_kind_per_rep": transactions, "reps": results}
     figure |= {f"{mode}_vs_{ref}": round(common.ratio(results, mode, ref), 3) for mode, ref in RATIOS}
     figure |= common.medians(results, MODES, "_us_per_tx")
