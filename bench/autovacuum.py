@@ -1,18 +1,11 @@
 """What the initial migration's autovacuum settings buy: a steady outbox with a long history, tuned against default.
 
-    python bench/autovacuum.py [--history 1000000] [--rate 500] [--seconds 240] [--reps 2] [--json FILE]
-
-On a private PostgreSQL server (created and removed here, as tests/chaos/run.py does) with PostgreSQL's
-default autovacuum (the shared server may run with it off) and fsync off (pages read are measured, not
-durability). Per setting (the migration's ``ALTER TABLE ... SET``, or ``RESET``; alternating which goes
-first): ``--history`` delivered messages, vacuumed and checkpointed, then ``--rate`` messages a second
-committed while one worker relays them, for ``--seconds``. Every 5 s it samples the pages (and time) the
-claim's index walk to the first 100 pending reads (``EXPLAIN (ANALYZE, BUFFERS)``), ``n_dead_tup``, the
-autovacuum count and the pending count; it reports medians and maxima over the second half of the window
-(which should span several ``autovacuum_naptime``).
+On a private server (PostgreSQL's default autovacuum, which the shared one may run without; fsync off: pages
+read are measured, not durability), per setting (the migration's ``SET``, or ``RESET``; alternating): a
+``--history`` of delivered messages, then ``--rate`` messages a second while one worker relays them, for
+``--seconds``. Every 5 s: the pages (and time) of the claim's index walk to the first 100 pending, dead row
+versions, autovacuum runs and pending messages; medians and maxima over the window's second half.
 """
-
-from __future__ import annotations
 
 import importlib
 import os
@@ -36,36 +29,34 @@ STATS = (
 )
 
 
-def _setting(conn: Any, tuned: bool) -> None:
-    initial = importlib.import_module("django_outbox.migrations.0001_initial")
-    # Only the autovacuum settings: the fillfactor beside them is kept in both runs.
-    autovacuum = {k: v for k, v in initial.PG_MESSAGE_STORAGE.items() if k.startswith("autovacuum_")}
-    change = ", ".join(f"{k} = {v}" for k, v in autovacuum.items()) if tuned else ", ".join(autovacuum)
-    conn.execute(f"ALTER TABLE {tables.MESSAGE} {'SET' if tuned else 'RESET'} ({change})")
-
-
-def _walk(conn: Any) -> tuple[int, float]:
+def walk(conn: Any) -> tuple[int, float]:
+    """The pages the claim's index walk reads, and its milliseconds."""
     with conn.transaction():
         conn.execute("SET LOCAL enable_sort = off")
-        row = conn.execute(WALK).fetchone()
-        assert row is not None
-        plan = row[0][0]
+        plan = conn.execute(WALK).fetchone()[0][0]
     top = plan["Plan"]
     return int(top.get("Shared Hit Blocks", 0)) + int(top.get("Shared Read Blocks", 0)), float(plan["Execution Time"])
 
 
+def stats(conn: Any) -> list[float]:
+    """The message table's dead row versions, autovacuum runs and pending messages."""
+    return [float(value) for value in conn.execute(STATS).fetchone()]
+
+
 def run_once(dsn: str, *, tuned: bool, history: int, rate: int, seconds: float) -> dict[str, Any]:
+    initial = importlib.import_module("django_outbox.migrations.0001_initial")
+    # Only the autovacuum settings: the fillfactor beside them is kept in both runs.
+    autovacuum = {k: v for k, v in initial.PG_MESSAGE_STORAGE.items() if k.startswith("autovacuum_")}
+    change = ", ".join(f"{k} = {v}" for k, v in autovacuum.items()) if tuned else ", ".join(autovacuum)
     with tables.connect(dsn) as conn:
         tables.truncate(conn)
-        _setting(conn, tuned)
+        conn.execute(f"ALTER TABLE {tables.MESSAGE} {'SET' if tuned else 'RESET'} ({change})")
         tables.fill_history(conn, history)
         tables.vacuum(conn)
         conn.execute("CHECKPOINT")
-        row = conn.execute(STATS).fetchone()
-        vacuums_before = float(str(row[1])) if row else 0.0
+        vacuums_before = stats(conn)[1]
         options = conn.execute("SELECT reloptions FROM pg_class WHERE relname = %s", [tables.MESSAGE]).fetchone()
-    # Housekeeping off: it would archive the history (older than ARCHIVE_AFTER), and those deletes, not
-    # the relaying, would then decide when autovacuum runs.
+    # Housekeeping off: its archiving of the history, not the relaying, would decide when autovacuum runs.
     worker = procs.outbox_worker(dsn, "--batch-size", "100", env={"BENCH_HOUSEKEEPING_INTERVAL": "0"})
     per_tx, sent = max(1, rate // 10), 0
     samples: list[dict[str, float]] = []
@@ -79,10 +70,8 @@ def run_once(dsn: str, *, tuned: bool, history: int, rate: int, seconds: float) 
                 sent += per_tx
                 if time.monotonic() >= next_sample:
                     next_sample += 5.0
-                    pages, ms = _walk(conn)
-                    row = conn.execute(STATS).fetchone()
-                    assert row is not None
-                    dead, vacuums, pending = (float(str(value)) for value in row)
+                    pages, ms = walk(conn)
+                    dead, vacuums, pending = stats(conn)
                     t = time.monotonic() - started
                     samples.append({"t": t, "pages": pages, "ms": ms, "dead": dead, "pending": pending})
                     samples[-1]["vacuums"] = vacuums - vacuums_before
@@ -109,14 +98,13 @@ def main() -> int:
     cluster = PrivateCluster(55433)
     try:
         cluster.start()
-        dsn = cluster.url
-        os.environ["DATABASE_URL"] = dsn
+        os.environ["DATABASE_URL"] = cluster.url
         common.setup_django("default")
         results = []
         for first in common.interleaved(args.reps):
             for tuned in (first, not first):
                 print(f"{'tuned' if tuned else 'default'} ...", flush=True)
-                result = run_once(dsn, tuned=tuned, history=args.history, rate=args.rate, seconds=args.seconds)
+                result = run_once(cluster.url, tuned=tuned, history=args.history, rate=args.rate, seconds=args.seconds)
                 results.append(result)
                 print("  " + ", ".join(f"{k} {v:,.2f}" for k, v in result.items() if isinstance(v, float)), flush=True)
     finally:

@@ -1,17 +1,10 @@
-"""How fast a keyed backlog drains by the number of keys, beside the unkeyed drain of the same run; and what
-one claim costs by the backlog behind a few keys.
+"""How fast a keyed backlog drains by the number of keys, and what one claim costs by the backlog behind a few.
 
-    python bench/keyed_drain.py [--databases postgresql,mysql] [--messages 20000] [--keys 0,10000,100,5,1]
-        [--cut 90] [--reps 3] [--backlogs 1000,10000,100000] [--json FILE]
-
-Drain: ``--messages`` pending messages round-robin over K keys (0: none), committed at once, two
-``outbox_worker --until-empty`` processes; the rate from the first to the last ``delivered_at`` (what was
-delivered by the cut, if cut), as a ratio to the unkeyed drain of the same repetition. Claim cost: the
-median of 20 claims of 100 (each released again) from B pending messages on 5 keys; the target is that
-it does not grow with B.
+Drain: ``--messages`` pending messages round-robin over K keys (``--keys``; 0: none), committed at once, two
+``outbox_worker --until-empty`` processes: the rate from the first to the last ``delivered_at`` (by ``--cut``),
+against the unkeyed drain of the same repetition. Claim cost: the median of 20 claims of 100 (each released
+again) from B (``--backlogs``) pending messages on 5 keys, which should not grow with B.
 """
-
-from __future__ import annotations
 
 import os
 import sys
@@ -73,11 +66,10 @@ def claim_cost(vendor: str, backlog: int) -> float:
 def measure(vendor: str, args: Any) -> dict[str, Any]:
     tables.ensure_database(os.environ["DATABASE_URL"], fresh=True)
     common.setup_django("default")
-    key_counts = [int(k) for k in args.keys.split(",")]
-    rates: dict[int, list[float]] = {k: [] for k in key_counts}
+    rates: dict[int, list[float]] = {int(k): [] for k in args.keys.split(",")}
     for rep in range(args.reps):
-        for keys in key_counts:
-            rates[keys].append(drain(vendor, args.messages, keys, args.cut))
+        for keys, rate in rates.items():
+            rate.append(drain(vendor, args.messages, keys, args.cut))
         print(f"{vendor} rep {rep + 1}: " + ", ".join(f"{k or 'no'} keys {r[-1]:,.0f}/s" for k, r in rates.items()))
     ratios = {k: [r / u if u else float("nan") for r, u in zip(rates[k], rates[0], strict=True)] for k in rates}
     costs = {}

@@ -1,18 +1,12 @@
-"""bench/run.py's MariaDB section: the drain and send() on MariaDB, each beside its hand-written floor.
+"""bench/run.py's MariaDB section: the drain and send() on MariaDB, each beside its hand-written floor, in a
+database of its own at ``MARIADB_URL`` (a child process runs Django there: the harness stays on PostgreSQL).
 
-In ``MARIADB_URL`` (default :data:`DEFAULT_URL`), a database of the benchmark's own, created, migrated and
-emptied. The harness stays on PostgreSQL's settings: what runs Django on MariaDB is a child process.
-
-- Drain: ``outbox_worker --batch-size 100 --poll-interval 0.01`` processes (10 ms, the least the option
-  takes: the relays sleep 5 ms) beside as many hand-written relays (``bench/mariadb_relay.py``) on a
-  minimal twin table, in a rotated order, each draining a backlog committed at once.
-- send(): this script in a child process. Each transaction is an order plus: ``send`` (``outbox.send()``);
-  ``floor`` (the same row by one hand-written ``INSERT``); ``send_keyed`` and ``floor_keyed`` (with a key,
-  the floor then the key's lock row, then the row, as per-key order needs on MariaDB); ``plain``
-  (nothing); interleaved one transaction at a time. The target: ``send`` at most 1.1x its floor.
+Drain: ``outbox_worker --batch-size 100 --poll-interval 0.01`` (10 ms, the option's least: the relays sleep
+5 ms) beside as many relays of bench/mariadb_relay.py on a twin table, in a rotated order, each draining a
+backlog committed at once. send(): an order plus ``send``, ``floor`` (the same row by one hand-written
+``INSERT``), ``send_keyed`` and ``floor_keyed`` (with a key; the floor writes the key's lock row first, as
+per-key order needs on MariaDB) or ``plain`` (nothing), interleaved one transaction at a time.
 """
-
-from __future__ import annotations
 
 import json
 import os
@@ -26,20 +20,15 @@ from urllib.parse import urlparse
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 from bench import common, procs, tables
 from bench.common import Json
-from bench.mariadb_relay import SOURCE, TABLE, connect
+from bench.mariadb_relay import SOURCE, TABLE
+from bench.tables import mysql as connect
 
-__all__ = ["DEFAULT_URL", "connect", "measure", "reachable", "url"]
 DEFAULT_URL = "mysql://root@127.0.0.1:3306/bench_outbox_mariadb"
 POLL_INTERVAL = "0.01"
 MODES = ["plain", "send", "floor", "send_keyed", "floor_keyed"]
+SYSTEMS = ["outbox", "reference"]
 #: The send() figure's ratios (mode, reference).
-RATIOS = (
-    ("send", "floor"),
-    ("send_keyed", "floor_keyed"),
-    ("send", "plain"),
-    ("floor", "plain"),
-    ("send_keyed", "plain"),
-)
+RATIOS = [("send", "floor"), ("send_keyed", "floor_keyed")] + [(m, "plain") for m in ("send", "floor", "send_keyed")]
 FLOOR = (
     "INSERT INTO django_outbox_message (uuid, topic, `key`, payload, headers, idempotency_key, status, attempts,"
     " max_attempts, available_at, created_at, last_error) VALUES (REPLACE(UUID(), '-', ''), 'bench.noop', %s, %s,"
@@ -57,16 +46,15 @@ def reachable(dsn: str) -> bool:
     import MySQLdb
 
     try:
-        tables.mysql(dsn, database=False, connect_timeout=3).close()
+        connect(dsn, database=False, connect_timeout=3).close()
     except MySQLdb.Error:
         return False
     return True
 
 
 def create_twin(cursor: Any) -> None:
-    """The twin: the project's columns as they are now, the primary key and one index on ``(status, id)``,
-    which backs the claim's ``ORDER BY`` (without one, InnoDB locks what it scans and a second relay gets
-    nothing)."""
+    """The project's columns as they are now, with only the primary key and an index on ``(status, id)`` for
+    the claim's ``ORDER BY`` (without one, InnoDB locks what it scans and a second relay gets nothing)."""
     cursor.execute(f"DROP TABLE IF EXISTS {TABLE}")
     cursor.execute(f"CREATE TABLE {TABLE} LIKE {SOURCE}")
     cursor.execute(
@@ -81,17 +69,16 @@ def create_twin(cursor: Any) -> None:
 
 def drain_once(cursor: Any, dsn: str, system: str, processes: int, n: int) -> float:
     """Messages per second for ``processes`` idle workers to drain a backlog of ``n`` committed at once."""
-    table = SOURCE if system == "outbox" else TABLE
     for each in (SOURCE, "django_outbox_attempt", "django_outbox_worker", "django_outbox_key_lock", TABLE):
         cursor.execute(f"TRUNCATE {each}")
     if system == "outbox":
-        options = ("--batch-size", "100", "--poll-interval", POLL_INTERVAL)
+        table, ready, options = SOURCE, "relaying", ("--batch-size", "100", "--poll-interval", POLL_INTERVAL)
         started = [procs.outbox_worker(dsn, *options) for _ in range(processes)]
     else:
-        started = [procs.script("mariadb_relay.py", dsn) for _ in range(processes)]
+        table, ready, started = TABLE, "ready", [procs.script("mariadb_relay.py", dsn) for _ in range(processes)]
     try:
         for p in started:
-            p.wait_for_line("relaying" if system == "outbox" else "ready")
+            p.wait_for_line(ready)
         time.sleep(0.5)  # let them settle into their idle wait
         cursor.execute(tables.fill_sql("mysql", n, table=table))  # autocommit: committed at once
         t0 = time.time()
@@ -107,25 +94,6 @@ def drain_once(cursor: Any, dsn: str, system: str, processes: int, n: int) -> fl
     finally:
         procs.stop_all(started)
     return n / (t1 - t0)
-
-
-def drain(cursor: Any, dsn: str, *, messages: int, processes: tuple[int, ...], reps: int, log: Any) -> Json:
-    by: Json = {}
-    for count in processes:
-        rounds: list[Json] = []
-        for rep in range(reps):
-            systems = common.rotated(["outbox", "reference"], rep)
-            rounds.append({s: drain_once(cursor, dsn, s, count, messages) for s in systems})
-            log(f"  mariadb drain x{count}: " + ", ".join(f"{k} {v:,.0f}/s" for k, v in rounds[-1].items()))
-        ratio = common.ratio(rounds, "outbox", "reference")
-        by[str(count)] = {
-            **common.medians(rounds, ("outbox", "reference"), "_per_s"),
-            "ratio": ratio,
-            "target": ">= 0.5x the hand-written two-statement relay (aim 0.8x)",
-            "ok": ratio >= 0.5,
-            "reps": rounds,
-        }
-    return {"messages": messages, "batch_size": 100, "poll_interval_s": float(POLL_INTERVAL), "by_processes": by}
 
 
 def send(transactions: int, reps: int) -> Json:
@@ -153,24 +121,37 @@ def send(transactions: int, reps: int) -> Json:
         shown = ", ".join(f"{k} {v:.0f} µs" for k, v in results[-1].items())
         print(f"  mariadb send rep {rep + 1}: {shown}", flush=True)
     figure: Json = {"transactions_per_kind_per_rep": transactions, "reps": results}
-    for mode, reference in RATIOS:
-        figure[f"{mode}_vs_{reference}"] = round(common.ratio(results, mode, reference), 3)
+    figure |= {f"{mode}_vs_{ref}": round(common.ratio(results, mode, ref), 3) for mode, ref in RATIOS}
     figure |= common.medians(results, MODES, "_us_per_tx")
     return figure | {"target": "<= 1.1x the hand-written INSERT floor", "ok": figure["send_vs_floor"] <= 1.1}
 
 
 def measure(dsn: str, *, messages: int, processes: tuple[int, ...], reps: int, transactions: int, log: Any) -> Json:
+    """Both figures; the drain's per process count, its rounds rotating which system goes first."""
     tables.ensure_database(dsn)
     common.manage(dsn, "migrate", "--verbosity", "0")
+    by: Json = {}
     with closing(connect(dsn, autocommit=True)) as conn:
         cursor = conn.cursor()
         cursor.execute("SELECT VERSION()")
         version = str(cursor.fetchone()[0])
         log(f"  {version}, database {urlparse(dsn).path.lstrip('/')!r}")
         create_twin(cursor)
-        figures = drain(cursor, dsn, messages=messages, processes=processes, reps=reps, log=log)
-    args = [__file__, str(transactions), str(reps)]
-    return {"server": version, "drain": figures, "send": common.child_json(args, env=common.django_env(dsn))}
+        for count in processes:
+            rounds: list[Json] = []
+            for rep in range(reps):
+                rounds.append({s: drain_once(cursor, dsn, s, count, messages) for s in common.rotated(SYSTEMS, rep)})
+                log(f"  mariadb drain x{count}: " + ", ".join(f"{k} {v:,.0f}/s" for k, v in rounds[-1].items()))
+            ratio = common.ratio(rounds, "outbox", "reference")
+            by[str(count)] = common.medians(rounds, SYSTEMS, "_per_s") | {
+                "ratio": ratio,
+                "target": ">= 0.5x the hand-written two-statement relay (aim 0.8x)",
+                "ok": ratio >= 0.5,
+                "reps": rounds,
+            }
+    drain = {"messages": messages, "batch_size": 100, "poll_interval_s": float(POLL_INTERVAL), "by_processes": by}
+    sent = common.child_json([__file__, str(transactions), str(reps)], env=common.django_env(dsn))
+    return {"server": version, "drain": drain, "send": sent}
 
 
 if __name__ == "__main__":  # the send() figure's child process, DATABASE_URL naming the MariaDB database

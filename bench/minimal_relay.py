@@ -2,16 +2,12 @@
 
     python bench/minimal_relay.py DSN [--same-table] [--listen CHANNEL --udp-port PORT]
 
-The minimal relay runs on ``bench_minimal_message``, a twin of ``django_outbox_message`` (columns copied with
-``LIKE``, so it follows the project's schema) with a primary key and one partial index on pending ids: the
-physical limit of "claim a batch, deliver, acknowledge" on PostgreSQL. ``--same-table`` runs it on the
-project's own table, paying every cost its schema imposes; its two statements differ only in form (a
-materialized CTE; a fence on the status). Prints ``ready`` once connected; idle, it polls every 5 ms, or
-with ``--listen`` waits for a NOTIFY (the latency figure's reference, reporting ``m<id> <time>`` per row to
-``--udp-port``).
+It relays a twin of the message table with a primary key and one partial index on pending ids, the physical
+limit of "claim, deliver, acknowledge" on PostgreSQL, or (``--same-table``) the project's table, paying every
+cost its schema imposes (the statements differ only in form: a materialized CTE, a fence on the status).
+Prints ``ready``; idle, it polls every 5 ms or waits for a NOTIFY (``--listen``: the latency figure's
+reference, reporting ``m<id> <time>`` per row to ``--udp-port``).
 """
-
-from __future__ import annotations
 
 import argparse
 import os
@@ -31,8 +27,7 @@ CREATE = [
 
 
 def insert(source: str = "", payload: str = "%s::jsonb", table: str = TABLE) -> str:
-    """An ``INSERT`` of pending rows as ``outbox.send()`` writes them, ``payload`` per row of ``source`` (a
-    ``FROM`` clause; none: one row)."""
+    """An ``INSERT`` of pending rows as ``outbox.send()`` writes them: ``payload`` per row of ``source`` (none: one)."""
     return (
         f"INSERT INTO {table} (uuid, topic, key, payload, headers, idempotency_key, status, attempts, max_attempts,"
         f" available_at, created_at, last_error) SELECT gen_random_uuid(), 'bench.noop', NULL, {payload},"

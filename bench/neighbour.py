@@ -2,9 +2,8 @@
 
     python bench/neighbour.py DSN
 
-What a second application on the same PostgreSQL server does to the outbox: each of its transactions holds
-an xid for a moment, so anything that waits for every transaction running when it looked (the keyed
-commit-order fence) waits for it too. Prints ``ready`` and then, on SIGTERM, ``transactions <n>``.
+Each holds an xid for a moment, which anything that waits for the transactions running when it looked (the
+keyed commit-order fence) waits for too. Prints ``ready`` and then, on SIGTERM, ``transactions <n>``.
 """
 
 import signal

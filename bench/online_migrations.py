@@ -1,19 +1,12 @@
 """What a migration costs the requests that send while it runs: the online operations against Django's own.
 
-    python bench/online_migrations.py [--databases postgresql,mysql] [--rows 1000000,10000000]
-        [--pending 100000] [--reps 3] [--variants online,plain,package] [--json FILE]
-
-Per database and table size (``--rows`` delivered messages in ``bench_online``, or ``BENCH_DATABASE``), per
-repetition and variant, with ``--pending`` pending messages, ``outbox.send()`` every 5 ms and two workers
-draining, it runs ``manage.py migrate`` one migration at a time through three changes to the message table (an
-index on ``topic``, a column that may be NULL, a check constraint on it). ``online``: the three written with
-``django_outbox.store.online`` (tests/support/migration_samples); ``plain``: as ``makemigrations`` writes them
-(the reference, in the same run, alternating which goes first); ``package``: the package's own migrations
-after its initial one, with workers on the code before them. Per change: how long ``migrate`` took, the
-longest ``send()`` overlapping it and, as the floor, the longest of the seconds before; failed sends and
-worker error lines are counted. Medians over the repetitions."""
-
-from __future__ import annotations
+Per database and table size (``--rows`` delivered messages), each variant runs ``migrate`` one migration at a
+time while ``outbox.send()`` runs every 5 ms and two workers drain ``--pending`` messages: ``online`` (three
+changes written with ``django_outbox.store.online``: an index on ``topic``, a column that may be NULL, a check
+on it), ``plain`` (the same as ``makemigrations`` writes them: the reference, the order alternating) and
+``package`` (the package's own migrations, its workers on the code before them). Per change: ``migrate``'s
+seconds and the longest ``send()`` overlapping it, against the longest of the seconds before.
+"""
 
 import os
 import sys
@@ -24,20 +17,19 @@ from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 from bench import common, procs, tables
-from bench.common import median
 
 #: The package's migrations the samples build on (each variant repeats them), where each run goes back to.
 BASE = "0003_mysql_claim_key_index"
 STEPS = ("0002_index", "0003_column", "0004_check")
-#: Per variant: its migration module (``package``: the package's own), the migration it starts from, its steps.
-VARIANTS: dict[str, tuple[str | None, str, tuple[str, ...]]] = {
-    "online": ("tests.support.migration_samples.safe", BASE, STEPS),
-    "plain": ("tests.support.migration_samples.plain", BASE, STEPS),
-    "package": (None, "0001_initial", ("0002_pending_unkeyed_index", "0003_mysql_claim_key_index")),
+SAMPLES = "tests.support.migration_samples"
+#: Per variant: the migration module that ``migrate`` and then the workers read (none: the package's own),
+#: the migration it starts from and its steps. ``package``'s workers run the code before its migrations
+#: (the previous release, as far as the schema goes): the package's own code would wait for them.
+VARIANTS: dict[str, tuple[str | None, str | None, str, tuple[str, ...]]] = {
+    "online": (f"{SAMPLES}.safe", None, BASE, STEPS),
+    "plain": (f"{SAMPLES}.plain", None, BASE, STEPS),
+    "package": (None, f"{SAMPLES}.initial", "0001_initial", ("0002_pending_unkeyed_index", BASE)),
 }
-#: The workers of the ``package`` variant run the code before its migrations (the previous release, as
-#: far as the schema goes); the package's own code would wait for them to be applied.
-WORKER_MODULE = {"package": "tests.support.migration_samples.initial"}
 #: A send() call: its start, its duration, its failure (or "").
 Call = tuple[float, float, str]
 #: Seconds of load before the first migration (the floor is measured there) and between migrations.
@@ -77,12 +69,11 @@ def longest_call(calls: list[Call], start: float, end: float) -> float:
 
 
 def run_variant(vendor: str, variant: str, pending: int) -> dict[str, Any]:
-    _, start, steps = VARIANTS[variant]
+    _, worker_module, start, steps = VARIANTS[variant]
     if start != BASE:
         migrate(variant, "django_outbox", start)
     tables.fill(vendor, pending)
-    module = WORKER_MODULE.get(variant)
-    env = {"BENCH_MIGRATION_MODULE": module} if module else {}
+    env = {"BENCH_MIGRATION_MODULE": worker_module} if worker_module else {}
     workers = [procs.outbox_worker(os.environ["DATABASE_URL"], "--poll-interval", "0.2", env=env) for _ in range(2)]
     stopping, calls = threading.Event(), list[Call]()
     producer = threading.Thread(target=produce, args=(stopping, calls), daemon=True)
@@ -96,6 +87,7 @@ def run_variant(vendor: str, variant: str, pending: int) -> dict[str, Any]:
             took = migrate(variant, "django_outbox", step)
             longest = longest_call(calls, started, time.monotonic())
             figures[step] = {"migrate_s": took, "longest_send_s": longest, "floor_s": floor}
+            print(f"  {variant} {step}: migrate {took:.2f} s, longest send {longest:.3f} s, floor {floor:.3f} s")
             time.sleep(SETTLE)
     finally:
         stopping.set()
@@ -104,53 +96,35 @@ def run_variant(vendor: str, variant: str, pending: int) -> dict[str, Any]:
     errors = [line for w in workers for line in w.lines if "Traceback" in line or "ERROR" in line or "rror:" in line]
     migrate(variant, "django_outbox", BASE)
     common.sql("DELETE FROM django_outbox_message WHERE status <> 'delivered'")
+    failures = [error for *_, error in calls if error]
+    print(f"  {variant}: {len(failures)} failed sends {failures[:1]}, worker errors {errors[:1]}", flush=True)
     return {
         "steps": figures,
         "sends": len(calls),
-        "failed_sends": sum(1 for *_, error in calls if error),
-        "first_failure": next((error for *_, error in calls if error), ""),
+        "failed_sends": len(failures),
+        "first_failure": failures[0] if failures else "",
         "worker_error_lines": errors[:5],
         "worker_errors": len(errors),
     }
 
 
-def report(runs: dict[str, list[dict[str, Any]]]) -> None:
-    """Medians over the repetitions; the longest send() also as a ratio to ``plain``'s at the same change."""
-
-    def of(variant: str, step: str, field: str) -> float:
-        return median([float(run["steps"][step][field]) for run in runs[variant]])
-
-    for variant in runs:
-        for step in VARIANTS[variant][2]:
-            longest, floor, took = (of(variant, step, f) for f in ("longest_send_s", "floor_s", "migrate_s"))
-            plain = of("plain", step, "longest_send_s") if "plain" in runs and step in STEPS else 0.0
-            vs = f" ({longest / plain:.2f}x plain's)" if plain else ""
-            longest_ms, floor_ms = f"{longest * 1000:.0f} ms{vs}", f"{floor * 1000:.0f} ms"
-            print(f"  {variant} {step}: migrate {took:.2f} s, longest send {longest_ms}, floor {floor_ms}", flush=True)
-
-
-def measure(vendor: str, sizes: list[int], pending: int, reps: int, variants: list[str]) -> dict[str, Any]:
+def measure(vendor: str, sizes: list[int], pending: int, reps: int) -> dict[str, Any]:
+    """Per table size, each variant's runs, in an order reversed every other repetition."""
     common.setup_django()
-    results: dict[str, Any] = {}
     from django.db import connections
 
+    results: dict[str, Any] = {}
     for rows in sizes:
         connections.close_all()
         tables.ensure_database(os.environ["DATABASE_URL"], fresh=True)
         migrate("online")
         migrate("online", "django_outbox", BASE)
-        filled = time.monotonic()
         tables.fill(vendor, rows, status="delivered")
-        print(f"{vendor}: {rows:,} delivered messages in {time.monotonic() - filled:.0f} s", flush=True)
-        runs: dict[str, list[dict[str, Any]]] = {variant: [] for variant in variants}
-        for rep, first in enumerate(common.interleaved(reps)):
-            for variant in variants if first else variants[::-1]:
-                runs[variant].append(run := run_variant(vendor, variant, pending))
-                failed = f"{run['failed_sends']} failed sends {run['first_failure']}"
-                print(f"  rep {rep + 1} {variant}: {failed}, worker errors {run['worker_error_lines'][:1]}", flush=True)
-        results[str(rows)] = runs
-        print(f"{vendor}, {rows:,} delivered + {pending:,} pending, medians of {reps}:")
-        report(runs)
+        print(f"{vendor}: {rows:,} delivered messages", flush=True)
+        results[str(rows)] = runs = {variant: list[dict[str, Any]]() for variant in VARIANTS}
+        for first in common.interleaved(reps):
+            for variant in list(runs) if first else list(runs)[::-1]:
+                runs[variant].append(run_variant(vendor, variant, pending))
     return results
 
 
@@ -160,11 +134,10 @@ def main() -> None:
     parser.add_argument("--rows", default="1000000,10000000")
     parser.add_argument("--pending", type=int, default=100_000)
     parser.add_argument("--reps", type=int, default=3)
-    parser.add_argument("--variants", default=",".join(VARIANTS), help="online, plain, package")
     parser.add_argument("--json", type=Path)
     args = parser.parse_args()
-    sizes, variants = [int(r) for r in args.rows.split(",")], args.variants.split(",")
-    common.by_database(args, "bench_online", lambda vendor: measure(vendor, sizes, args.pending, args.reps, variants))
+    sizes = [int(r) for r in args.rows.split(",")]
+    common.by_database(args, "bench_online", lambda vendor: measure(vendor, sizes, args.pending, args.reps))
 
 
 if __name__ == "__main__":

@@ -1,16 +1,11 @@
 """``outbox.send_many()`` at scale on PostgreSQL and MariaDB, each beside a hand-written multi-row INSERT.
 
-    python bench/send_many_scale.py [--items 10000] [--keyed-items 50000] [--reps 3] [--output FILE]
-
-On each database (``DATABASE_URL``, ``MARIADB_URL``: each of the benchmark's own), a child process writes
-in one transaction: ``unkeyed`` (``--items`` messages), ``idempotent`` (each with an idempotency key),
-``keyed`` (``--keyed-items``, each with a key of its own) and ``reference`` (``--items`` rows in one
-hand-written ``INSERT ... VALUES (...), (...)`` into a minimal table). The kinds take turns (rotated each
-repetition), the tables emptied between them; figures: median items a second, the ratio to the same
-database's reference, and MariaDB's against PostgreSQL's, both measured one after the other in this run.
+On each database (``DATABASE_URL``, ``MARIADB_URL``), a child process writes in one transaction ``unkeyed``
+(``--items`` messages), ``idempotent`` (each with an idempotency key), ``keyed`` (``--keyed-items``, each with a
+key of its own) or ``reference`` (``--items`` rows by one ``INSERT ... VALUES`` into a minimal table), the kinds
+rotated each repetition. Figures: median items a second, against the same database's reference, and MariaDB's
+against PostgreSQL's.
 """
-
-from __future__ import annotations
 
 import json
 import os
@@ -29,7 +24,7 @@ MINIMAL = "bench_batch_minimal"
 
 
 def child(items: int, keyed_items: int, reps: int) -> Json:
-    """Runs on the database of ``DATABASE_URL`` with the outbox migrated: each kind's rate per repetition."""
+    """Each kind's rate per repetition, on the database of ``DATABASE_URL`` with the outbox migrated."""
     import django
 
     django.setup()
@@ -46,7 +41,6 @@ def child(items: int, keyed_items: int, reps: int) -> Json:
         f"CREATE TABLE {MINIMAL} (id {auto}, topic VARCHAR(200) NOT NULL, {key} VARCHAR(200) NULL,"
         f" payload {payload} NOT NULL, created_at {time_type} NOT NULL)"
     )
-
     emptied = ["django_outbox_attempt", "django_outbox_message", MINIMAL]
     if mysql:  # the producers' per-key lock rows, a table of MariaDB's only
         emptied.append("django_outbox_key_lock")
@@ -83,33 +77,12 @@ def child(items: int, keyed_items: int, reps: int) -> Json:
     return {"reps": reps_out}
 
 
-def measure(pg_dsn: str, mariadb_dsn: str, *, items: int, keyed_items: int, reps: int) -> Json:
-    """Both databases' figures, in this order, and MariaDB's rates against PostgreSQL's."""
-    figure: Json = {"items": items, "keyed_items": keyed_items}
-    for name, dsn in (("postgresql", pg_dsn), ("mariadb", mariadb_dsn)):
-        print(name, flush=True)
-        tables.ensure_database(dsn)
-        common.manage(dsn, "migrate", "--verbosity", "0")
-        args = [__file__, "--child", "--items", str(items), "--keyed-items", str(keyed_items), "--reps", str(reps)]
-        runs = common.child_json(args, env=common.django_env(dsn))["reps"]
-        rates = {kind: median([r[kind] for r in runs]) for kind in KINDS}
-        figure[name] = {
-            "per_s": rates,
-            "vs_reference": {kind: rates[kind] / rates["reference"] for kind in KINDS[:-1]},
-            "reps": runs,
-        }
-    figure["mariadb_vs_postgresql"] = {
-        k: figure["mariadb"]["per_s"][k] / figure["postgresql"]["per_s"][k] for k in KINDS
-    }
-    return figure
-
-
 def main() -> int:
     parser = common.parser(__doc__)
     parser.add_argument("--items", type=int, default=10_000)
     parser.add_argument("--keyed-items", type=int, default=50_000)
     parser.add_argument("--reps", type=int, default=3)
-    parser.add_argument("--output", type=Path)
+    parser.add_argument("--output", type=Path, default=ROOT / "bench" / "results" / "send-many-scale.json")
     parser.add_argument("--child", action="store_true", help="==SUPPRESS==")
     args = parser.parse_args()
     if args.child:
@@ -117,12 +90,21 @@ def main() -> int:
         return 0
     from bench import mariadb, table
 
-    pg = os.environ.get("DATABASE_URL") or PG_URL
-    figure = measure(pg, mariadb.url(), items=args.items, keyed_items=args.keyed_items, reps=args.reps)
+    figure: Json = {"items": args.items, "keyed_items": args.keyed_items}
+    for name, dsn in (("postgresql", os.environ.get("DATABASE_URL") or PG_URL), ("mariadb", mariadb.url())):
+        print(name, flush=True)
+        tables.ensure_database(dsn)
+        common.manage(dsn, "migrate", "--verbosity", "0")
+        sizes = ["--items", str(args.items), "--keyed-items", str(args.keyed_items), "--reps", str(args.reps)]
+        runs = common.child_json([__file__, "--child", *sizes], env=common.django_env(dsn))["reps"]
+        rates = {kind: median([r[kind] for r in runs]) for kind in KINDS}
+        vs_reference = {kind: rates[kind] / rates["reference"] for kind in KINDS[:-1]}
+        figure[name] = {"per_s": rates, "vs_reference": vs_reference, "reps": runs}
+    maria, pg = figure["mariadb"]["per_s"], figure["postgresql"]["per_s"]
+    figure["mariadb_vs_postgresql"] = {kind: maria[kind] / pg[kind] for kind in KINDS}
     print("\n" + table.render({"mode": "full", "figures": {"send_many": figure}}))
-    output = args.output or ROOT / "bench" / "results" / "send-many-scale.json"
-    common.write_json(output, figure)
-    print(f"\nwrote {output}")
+    common.write_json(args.output, figure)
+    print(f"\nwrote {args.output}")
     return 0
 
 

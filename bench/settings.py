@@ -1,9 +1,10 @@
-"""Settings for the benchmark: the demo's, plus an app with a no-op handler and an SQLite database beside PostgreSQL.
+"""The benchmark's settings: the demo's, an app with a no-op handler, and an SQLite database for bench/stop.py.
 
-``default`` is PostgreSQL from ``DATABASE_URL`` (its own database, never a test one); ``sqlite`` is a file
-under ``bench/results/`` used only for the polling-latency figure.
+``default`` is PostgreSQL from ``DATABASE_URL`` (a database of its own, never a test one). Django reads its
+settings once a process, so the scripts vary them per process through the ``BENCH_*`` variables below.
 """
 
+import json
 import os
 from pathlib import Path
 
@@ -18,7 +19,7 @@ DEBUG = False
 INSTALLED_APPS = [*INSTALLED_APPS, "bench.noop"]  # noqa: F405
 DATABASES["sqlite"] = {  # noqa: F405
     "ENGINE": "django.db.backends.sqlite3",
-    "NAME": os.environ.get("BENCH_SQLITE_PATH", str(RESULTS / "bench.sqlite3")),
+    "NAME": str(RESULTS / "bench.sqlite3"),
     "OPTIONS": {"transaction_mode": "IMMEDIATE", "timeout": 20, "init_command": "PRAGMA journal_mode=WAL;"},
 }
 OUTBOX = {
@@ -29,16 +30,15 @@ OUTBOX = {
 }
 if "BENCH_HOUSEKEEPING_INTERVAL" in os.environ:  # bench/autovacuum.py keeps its history: no archiving
     OUTBOX["HOUSEKEEPING_INTERVAL_SECONDS"] = float(os.environ["BENCH_HOUSEKEEPING_INTERVAL"])
-# BENCH_LOG_LEVEL=WARNING: bench/topology.py counts the warnings (the prepared-statement fallback's)
+# bench/topology.py: the warnings it counts (the prepared-statement fallback's), OPTIONS for the default alias
+# (Django's pool), and a direct alias for the listener alone.
 LOGGING["loggers"]["django_outbox"]["level"] = os.environ.get("BENCH_LOG_LEVEL", "ERROR")  # type: ignore[index]  # noqa: F405
-# bench/topology.py: OPTIONS for the default alias (Django's pool), and a direct alias for the listener alone.
 if os.environ.get("BENCH_DB_OPTIONS"):
-    import json
-
     DATABASES["default"].setdefault("OPTIONS", {}).update(json.loads(os.environ["BENCH_DB_OPTIONS"]))  # noqa: F405
 if os.environ.get("BENCH_LISTEN_DATABASE_URL"):
     DATABASES["listen"] = env.db_url_config(os.environ["BENCH_LISTEN_DATABASE_URL"])  # noqa: F405
     OUTBOX["LISTEN_DATABASE"] = "listen"
-# bench/online_migrations.py: the migrate it times reads a sample migration module (tests/support/migration_samples)
-if os.environ.get("BENCH_MIGRATION_MODULE"):
+if os.environ.get("BENCH_TASKS_SYSTEM") == "outbox-tasks":  # bench/tasks.py: Django 6's tasks on the outbox
+    TASKS = {"default": {"BACKEND": "django_outbox.tasks.OutboxBackend"}}
+if os.environ.get("BENCH_MIGRATION_MODULE"):  # bench/online_migrations.py: a sample module's migrations
     MIGRATION_MODULES = {"django_outbox": os.environ["BENCH_MIGRATION_MODULE"]}

@@ -1,6 +1,4 @@
-"""Filling and emptying the benchmark tables fast, with ``generate_series`` (no Python per row)."""
-
-from __future__ import annotations
+"""The benchmark's databases and tables: made, filled fast by the server (no Python per row), emptied."""
 
 import time
 from contextlib import closing
@@ -17,10 +15,9 @@ Conn = psycopg.Connection[tuple[object, ...]]
 def fill_sql(
     vendor: str, n: int | str, *, table: str = MESSAGE, status: str = "pending", key: str = "NULL", spread: bool = False
 ) -> str:
-    """``n`` rows of ``table`` as ``outbox.send()`` writes them (``delivered``: as a worker leaves them) from
-    PostgreSQL's ``generate_series`` or MariaDB's sequence engine: no Python per row. ``key``: an SQL
-    expression of the row's number ``i``; ``spread`` (PostgreSQL): one row a second up to now, the history a
-    busy outbox that keeps it (no archiving) holds."""
+    """``n`` rows as ``outbox.send()`` writes them (``delivered``: as a worker leaves them), made by the server
+    (PostgreSQL's ``generate_series``, MariaDB's sequence engine). ``key``: an SQL expression of the row's
+    number ``i``; ``spread`` (PostgreSQL): one row a second up to now, a busy outbox's history."""
     pg = vendor == "postgresql"
     now = f"now() - make_interval(secs => {n} - i)" if spread else "now()" if pg else "UTC_TIMESTAMP(6)"
     uuid, json, headers = (
@@ -38,7 +35,6 @@ def fill_sql(
 
 
 PENDING = fill_sql("postgresql", "%(n)s")
-HISTORY = fill_sql("postgresql", "%(n)s", status="delivered", spread=True)
 
 
 def fill(vendor: str, n: int, *, chunk: int = 1_000_000, **options: Any) -> None:
@@ -52,19 +48,17 @@ def fill(vendor: str, n: int, *, chunk: int = 1_000_000, **options: Any) -> None
 
 
 def mysql(dsn: str, *, database: bool = True, **options: Any) -> Any:
-    """A mysqlclient connection to the server of ``dsn`` (and its database, unless ``database=False``)."""
+    """A mysqlclient connection to the server of ``dsn`` (and its database, unless ``database=False``), in
+    utf8mb4 and ``READ COMMITTED`` (Django's default for the backend)."""
     import MySQLdb
 
     url = urlparse(dsn)
+    options |= {"host": url.hostname or "127.0.0.1", "port": url.port or 3306, "user": url.username or "root"}
     if database:
         options["database"] = url.path.lstrip("/")
-    return MySQLdb.connect(
-        host=url.hostname or "127.0.0.1",
-        port=url.port or 3306,
-        user=url.username or "root",
-        password=url.password or "",
-        **options,
-    )
+    conn = MySQLdb.connect(password=url.password or "", charset="utf8mb4", **options)
+    conn.cursor().execute("SET SESSION TRANSACTION ISOLATION LEVEL READ COMMITTED")
+    return conn
 
 
 def ensure_database(dsn: str, *, fresh: bool = False) -> None:
@@ -97,12 +91,9 @@ def truncate(conn: Conn) -> None:
 def fill_pending(
     conn: Conn, n: int, *, channel: str = "django_outbox", analyze: bool = False, table: str = MESSAGE
 ) -> float:
-    """Commit ``n`` pending messages into ``table`` in one transaction with one NOTIFY on ``channel``; returns
-    the time after the commit.
-
-    ``analyze``: the same transaction analyzes the table, so every relay starts with statistics of the
-    backlog (without, the hand-written relay's claim sometimes scanned the whole table: 2x between runs).
-    """
+    """Commit ``n`` pending messages into ``table`` with one NOTIFY on ``channel``; the time after the commit.
+    ``analyze`` in the same transaction, so that every relay starts with the backlog's statistics (without,
+    the hand-written relay's claim sometimes scanned the whole table: 2x between runs)."""
     with conn.transaction():
         conn.execute(fill_sql("postgresql", "%(n)s", table=table), {"n": n})
         if analyze:
@@ -112,7 +103,7 @@ def fill_pending(
 
 
 def fill_history(conn: Conn, n: int) -> None:
-    conn.execute(HISTORY, {"n": n})
+    conn.execute(fill_sql("postgresql", "%(n)s", status="delivered", spread=True), {"n": n})
 
 
 def vacuum(conn: Conn) -> None:

@@ -1,27 +1,24 @@
 """Django tasks: django-tasks-db's workload against ``django_outbox.tasks.OutboxBackend``, same run.
 
-    DATABASE_URL=postgres://postgres@127.0.0.1:5432/bench_tasks \\
-        .venv-django6/bin/python bench/tasks.py [--messages 2000] [--peer-messages 500] [--reps 3]
+    DATABASE_URL=postgres://postgres@127.0.0.1:5432/bench_tasks .venv-django6/bin/python bench/tasks.py
 
-N no-op tasks, each enqueued with a business row in one committed transaction, drained by 1 and 4 idle
-workers (``db_worker``, ``outbox_worker``), the systems taking turns to go first, each in a database of its
-own on the same server. Needs Django 6 (``django.tasks``) and bench/compare_setup.sh's environment.
+No-op tasks, each enqueued with a business row in one committed transaction, drained by idle workers
+(``db_worker``, ``outbox_worker``) taking turns to go first, each in a database of its own on the same
+server. Needs Django 6 (``django.tasks``) and bench/compare_setup.sh's environment.
 """
-
-from __future__ import annotations
 
 import os
 import sys
 import time
 from pathlib import Path
 from typing import Any
-from urllib.parse import urlparse
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 from bench import common, figures, procs, tables
 from bench.common import ROOT, median
 
-DEFAULT_PEER_PYTHON = ROOT / "bench" / ".venv-compare" / "bin" / "python"
+PEER_PYTHON = ROOT / "bench" / ".venv-compare" / "bin" / "python"
+PEER_TABLE = "django_tasks_database_dbtaskresult"
 
 
 def peer(name: str, python: str, dsn: str, settings: str, worker: list[str], **kw: Any) -> figures.System:
@@ -29,11 +26,12 @@ def peer(name: str, python: str, dsn: str, settings: str, worker: list[str], **k
     with a business row, in one committed transaction) run by ``python`` on ``settings`` in ``dsn``."""
     env = {"DJANGO_SETTINGS_MODULE": settings, "DATABASE_URL": dsn, "BENCH_COMPARE_DSN": dsn}
     env |= {"BENCH_TASKS_SYSTEM": name, "PYTHONPATH": str(ROOT)}
-    procs.last_line([python, "-m", "bench.compare.tasks_peer", "migrate"], env=env)
+    tasks_peer = [python, "-m", "bench.compare.tasks_peer"]
+    procs.last_line([*tasks_peer, "migrate"], env=env)
     return figures.System(
         name=name,
         start=lambda ctx: procs.Proc([python, *worker], env=env),
-        fill=lambda ctx, n: float(procs.last_line([python, "-m", "bench.compare.tasks_peer", "fill", str(n)], env=env)),
+        fill=lambda ctx, n: float(procs.last_line([*tasks_peer, "fill", str(n)], env=env)),
         dsn=lambda ctx: dsn,
         seconds_per_message=0.05,
         **kw,
@@ -46,41 +44,41 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--peer-messages", type=int, default=500, help="tasks per drain for django-tasks-db")
     parser.add_argument("--reps", type=int, default=3)
     parser.add_argument("--processes", default="1,4", help="comma-separated worker process counts")
-    parser.add_argument("--peer-python", default=str(DEFAULT_PEER_PYTHON), help="bench/compare_setup.sh's venv")
-    parser.add_argument("--output", type=Path)
+    parser.add_argument(
+        "--output", type=Path, default=ROOT / "bench" / "results" / f"tasks-{time.strftime('%Y%m%d-%H%M%S')}.json"
+    )
     args = parser.parse_args(argv)
     dsn = os.environ.get("DATABASE_URL", "")
     if not dsn.startswith("postgres"):
         parser.error("DATABASE_URL must name a PostgreSQL database of the benchmark's own")
-    if not Path(args.peer_python).exists():
-        parser.error(f"{args.peer_python} does not exist: run bench/compare_setup.sh first")
-    parsed = urlparse(dsn)
-    peer_dsn = parsed._replace(path=parsed.path + "_peer").geturl()
-    tables.ensure_database(peer_dsn)
+    if not PEER_PYTHON.exists():
+        parser.error(f"{PEER_PYTHON} does not exist: run bench/compare_setup.sh first")
+    ctx = figures.Context(dsn=dsn, sizes=figures.Sizes())
+    tables.ensure_database(ctx.beside("_peer"))
     tables.ensure_database(dsn)
+    db_worker = ["-m", "django", "db_worker", "--interval", "0.1", "--no-startup-delay", "--no-reload"]
     systems = [
         peer(
             "django-tasks-db",
-            args.peer_python,
-            peer_dsn,
+            str(PEER_PYTHON),
+            ctx.beside("_peer"),
             "bench.compare.tasks_settings",
-            ["-m", "django", "db_worker", "--interval", "0.1", "--no-startup-delay", "--no-reload"],
+            db_worker,
             ready="Starting worker",
-            reset=("TRUNCATE django_tasks_database_dbtaskresult",),
-            busy=figures.busy_sql("django_tasks_database_dbtaskresult", "'READY', 'RUNNING'"),
+            reset=(f"TRUNCATE {PEER_TABLE}",),
+            busy=figures.busy_sql(PEER_TABLE, "'READY', 'RUNNING'"),
         ),
         peer(
             "outbox-tasks",
             sys.executable,
             dsn,
-            "bench.compare.outbox_tasks_settings",
+            "bench.settings",
             [str(ROOT / "manage.py"), "outbox_worker", "--batch-size", "100"],
             ready="relaying",
             reset=figures.OUTBOX_RESET,
             busy=figures.OUTBOX_BUSY,
         ),
     ]
-    ctx = figures.Context(dsn=dsn, sizes=figures.Sizes())
     sizes = {"django-tasks-db": args.peer_messages, "outbox-tasks": args.messages}
     result: dict[str, object] = {"messages": sizes}
     for processes in [int(x) for x in args.processes.split(",")]:
@@ -92,9 +90,8 @@ def main(argv: list[str] | None = None) -> int:
         ratio = medians["outbox-tasks"] / medians["django-tasks-db"]
         result[f"x{processes}"] = {"per_s": medians, "reps": rates, "ratio_outbox_to_peer": ratio}
         print(f"{processes} worker(s): " + ", ".join(f"{k} {v:,.0f}/s" for k, v in medians.items()), flush=True)
-    output = args.output or ROOT / "bench" / "results" / f"tasks-{time.strftime('%Y%m%d-%H%M%S')}.json"
-    common.write_json(output, result)
-    print(f"written to {output}")
+    common.write_json(args.output, result)
+    print(f"written to {args.output}")
     return 0
 
 

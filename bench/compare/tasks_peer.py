@@ -1,13 +1,7 @@
-"""The Django peers' workload: django-tasks (with django-tasks-db, or Django 6's own on the outbox, in
-bench/tasks.py) and django-jaiminho, ``BENCH_TASKS_SYSTEM`` naming which and ``DJANGO_SETTINGS_MODULE`` its
-settings.
-
-    python -m bench.compare.tasks_peer migrate|fill N
-
-``fill`` writes N business rows, each with a no-op job beside it through the library's own API (a task
-enqueued, an event saved to jaiminho's outbox), in one committed transaction, and prints the time right
-after the commit.
-"""
+"""The Django peers' workload: django-tasks (django-tasks-db's, or Django 6's on the outbox in bench/tasks.py)
+and django-jaiminho, ``BENCH_TASKS_SYSTEM`` naming which and ``DJANGO_SETTINGS_MODULE`` its settings. ``fill
+N`` commits N business rows, each with a no-op job beside it (a task enqueued, an event saved to jaiminho's
+outbox), in one transaction."""
 
 import os
 import sys
