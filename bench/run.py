@@ -75,7 +75,6 @@ SCRIPTS: dict[str, Script] = {
         smoke="--messages 200 --rounds 1",
     ),
     "topology": Script("bench/topology.py", "--output", database=True, quick="--quick", smoke="--smoke"),
-    "stop": Script("bench/stop.py", "--output", database=True, quick="--runs 3", smoke="--runs 3 --idle 0.5"),
     "migrations": Script(
         "bench/online_migrations.py",
         "--json",
@@ -89,13 +88,6 @@ SCRIPTS: dict[str, Script] = {
         quick="--history 1000000 --seconds 180 --reps 1",
         smoke="--history 20000 --rate 100 --seconds 10 --reps 1",
     ),
-    "admin": Script(
-        "bench/admin_scale.py",
-        "--json",
-        database=True,
-        quick="--rows 200000 --repeat 3 --held-behind-one-key 50000",
-        smoke="--rows 20000 --repeat 1 --held-behind-one-key 1000",
-    ),
     "tasks": Script(
         "bench/tasks.py",
         "--output",
@@ -104,7 +96,6 @@ SCRIPTS: dict[str, Script] = {
         quick="--messages 1000 --peer-messages 300",
         smoke="--messages 50 --peer-messages 50 --reps 1 --processes 1",
     ),
-    "observability": Script("bench/observability.py", "--json", quick="--rounds 3", smoke="--sends 200 --rounds 1"),
     "chaos": Script("tests/chaos/run.py", "--json", quick="--quick", smoke="--quick"),
 }
 SECTIONS = (

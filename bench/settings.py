@@ -1,4 +1,4 @@
-"""The benchmark's settings: the demo's, an app with a no-op handler, and an SQLite database for bench/stop.py.
+"""The benchmark's settings: the demo's, and an app with a no-op handler.
 
 ``default`` is PostgreSQL from ``DATABASE_URL`` (a database of its own, never a test one). Django reads its
 settings once a process, so the scripts vary them per process through the ``BENCH_*`` variables below.
@@ -6,22 +6,13 @@ settings once a process, so the scripts vary them per process through the ``BENC
 
 import json
 import os
-from pathlib import Path
 
 os.environ.setdefault("DATABASE_URL", "postgres://postgres@127.0.0.1:5432/bench_outbox")
 
 from testproject.settings import *  # noqa: F403
 
-RESULTS = Path(__file__).resolve().parent / "results"
-RESULTS.mkdir(exist_ok=True)
-
 DEBUG = False
 INSTALLED_APPS = [*INSTALLED_APPS, "bench.noop"]  # noqa: F405
-DATABASES["sqlite"] = {  # noqa: F405
-    "ENGINE": "django.db.backends.sqlite3",
-    "NAME": str(RESULTS / "bench.sqlite3"),
-    "OPTIONS": {"transaction_mode": "IMMEDIATE", "timeout": 20, "init_command": "PRAGMA journal_mode=WAL;"},
-}
 OUTBOX = {
     "MAX_ATTEMPTS": 5,
     "POLL_INTERVAL_SECONDS": float(os.environ.get("BENCH_POLL_INTERVAL", "1.0")),

@@ -233,18 +233,6 @@ def autovacuum(f: Json) -> Iterator[Row]:
     )
 
 
-def admin(f: Json) -> Iterator[Row]:
-    pages = f["admin"]["pages"]
-    slowest = max(pages, key=lambda page: pages[page]["median_ms"])
-    yield (
-        f"the admin at {n(f['admin']['rows'])} rows: every list, filter, search, detail and the overview",
-        f"slowest median {pages[slowest]['median_ms']:.0f} ms ({slowest});"
-        f" at most {max(p['queries'] for p in pages.values())} queries a page",
-        "no sequential scan of the message table",
-        f"{sum(p['sequential_scans'] for p in pages.values())} sequential scans",
-    )
-
-
 def tasks(f: Json) -> Iterator[Row]:
     t = f["tasks"]
     runs = {c: t[f"x{c}"] for c in sorted((k[1:] for k in t if k.startswith("x")), key=int)}
@@ -325,22 +313,9 @@ ROWS: tuple[tuple[str, Rows], ...] = (
     ("send_many", send_many_mariadb),
     ("brokers", brokers),
     ("topology", topology),
-    cells("stop", "stop")(
-        "an idle worker's exit on SIGTERM",
-        "{postgresql[worker_s]:.2f} s",
-        "a bare management command: {postgresql[reference_s]:.2f} s",
-        "{postgresql[ratio]:.2f}x",
-    ),
     ("migrations", migrations),
     ("autovacuum", autovacuum),
-    ("admin", admin),
     ("tasks", tasks),
-    cells("observability", "observability")(
-        "`send()` without opentelemetry installed",
-        "{fastest_us[without]:,.0f} µs (fastest round)",
-        "`send()` without the tracing hook: {fastest_us[reference]:,.0f} µs",
-        "{without_vs_reference:.2f}x",
-    ),
     ("chaos", chaos),
 )
 

@@ -11,6 +11,7 @@ import sys
 import time
 from collections.abc import Iterator
 from typing import Any
+from urllib.parse import urlencode
 
 import pytest
 from django.db import connection
@@ -152,10 +153,13 @@ FROM generate_series(1, 1000000) AS i,
 """
 
 
-def test_health_and_metrics_answer_within_the_timeouts_on_a_million_rows(strict_role, client, settings, caplog):
+def test_health_metrics_and_admin_answer_within_the_timeouts_on_a_million_rows(
+    strict_role, client, admin_client, settings, caplog
+):
     """A million rows (10,000 of them due, on a thousand keys, 1,000 dead), read by the health and metrics
     views over a session of the DBA's role: 200 ms per statement. Freshly analyzed, then with no statistics
-    (a new table, or after ``pg_upgrade``): the views answer with their figures, never the timeout's 503."""
+    (a new table, or after ``pg_upgrade``): the views answer with their figures, never the timeout's 503.
+    Freshly analyzed, every page of the admin answers too, and none plans a sequential scan of the table."""
     with connection.cursor() as cursor:
         cursor.execute("SELECT clock_timestamp()")
         (filling,) = cursor.fetchone()
@@ -169,6 +173,7 @@ def test_health_and_metrics_answer_within_the_timeouts_on_a_million_rows(strict_
         cursor.execute("VACUUM django_outbox_message")
         cursor.execute("ANALYZE django_outbox_message")
     _assert_probes_answer(strict_role, client, settings, caplog, filling)
+    _assert_admin_pages_answer(admin_client)
     with connection.cursor() as cursor:
         cursor.execute("DELETE FROM pg_statistic WHERE starelid = 'django_outbox_message'::regclass")
     _assert_probes_answer(strict_role, client, settings, caplog, filling)
@@ -219,6 +224,64 @@ def _assert_probes_answer(
     assert (health.status_code, body["status"]) == (200, "ok"), body
     assert metrics.status_code == 200, metrics.content
     assert b'outbox_backlog_messages{status="pending"}' in metrics.content
+
+
+def _assert_admin_pages_answer(admin_client: Any) -> None:
+    """Every list, filter, search, detail and the overview, loaded as the DBA's role; then each statement
+    run again under ``EXPLAIN ANALYZE`` (as the test's own role): a sequential scan of the message table
+    may read the heap's first rows for a capped count (``LIMIT 10001`` of the delivered ones, nearly all
+    rows), never the table."""
+    dead = Message.objects.filter(status="dead").order_by("-id").first()
+    assert dead is not None
+    day_ago = (timezone.now() - dt.timedelta(days=1)).replace(microsecond=0).isoformat()
+    pages = [
+        "",
+        "?p=500",
+        *(f"?status__exact={status}" for status in ("dead", "delivered", "pending")),
+        "?topic=probe.t7",
+        "?" + urlencode({"created_at__gte": day_ago}),
+        "?" + urlencode({"q": str(dead.uuid)}),
+        "?q=k42",
+        f"{dead.pk}/change/",
+        "overview/",
+    ]
+    saved = dict(connection.settings_dict)
+    connection.close()
+    connection.settings_dict["USER"] = ROLE
+    statements: dict[str, list[str]] = {}
+    try:
+        for page in pages:
+            with CaptureQueriesContext(connection) as captured:
+                response = admin_client.get("/admin/django_outbox/message/" + page)
+            assert response.status_code == 200, (page, response.status_code)
+            statements[page] = [q["sql"] for q in captured.captured_queries]
+    finally:
+        connection.close()
+        connection.settings_dict.clear()
+        connection.settings_dict.update(saved)
+    table = Message._meta.db_table
+    scans = []
+    with connection.cursor() as cursor:
+        for page, sqls in statements.items():
+            for sql in sqls:
+                if table in sql and sql.lstrip().upper().startswith("SELECT"):
+                    cursor.execute("EXPLAIN (ANALYZE, FORMAT JSON) " + sql)
+                    read = _seq_scan_rows(cursor.fetchone()[0][0]["Plan"], table)
+                    if read > SEQ_SCAN_ROWS:
+                        scans.append((page, read, sql[:300]))
+    assert not scans, scans
+
+
+#: The most rows a sequential scan of the message table may read for an admin page: a capped count's.
+SEQ_SCAN_ROWS = 20_000
+
+
+def _seq_scan_rows(plan: dict[str, Any], table: str) -> int:
+    """The rows sequential scans of ``table`` read in an ``EXPLAIN ANALYZE`` plan (kept and filtered out)."""
+    own = 0
+    if plan.get("Node Type") == "Seq Scan" and plan.get("Relation Name") == table:
+        own = (int(plan["Actual Rows"]) + int(plan.get("Rows Removed by Filter", 0))) * int(plan["Actual Loops"])
+    return own + sum(_seq_scan_rows(child, table) for child in plan.get("Plans", []))
 
 
 def _rows_read(plan: dict[str, Any]) -> int:

@@ -1,11 +1,9 @@
 """A real ``outbox_worker`` stopped by SIGTERM: an idle one exits without sitting out its waits, and says
 what it did on the way out.
 
-How soon it exits is a speed figure, bench/stop.py's (medians against a bare management command of the
-same layout, the target 0.5 s). Here the behaviour: with every wait of the idle worker a minute long (its
-poll, its LISTEN), SIGTERM must cut them short, so the worker exits in a fraction of that minute on any
-machine, however loaded; a worker that slept out a wait would take the minute.
-"""
+With every wait of the idle worker a minute long (its poll, its LISTEN), SIGTERM must cut them short, so the
+worker exits in a fraction of that minute on any machine, however loaded; a worker that slept out a wait
+would take the minute. No tighter bound: a test asserts the behaviour, not a speed."""
 
 from __future__ import annotations
 
