@@ -140,7 +140,8 @@ def child_json(args: Sequence[str], *, flag: str = "--output", env: dict[str, st
 
 def by_database(args: argparse.Namespace, name: str, measure: Callable[[str], Json], **top: Any) -> None:
     """``measure(vendor)`` in the database ``name`` (``BENCH_DATABASE`` when set: the harness names it after its
-    own, so two runs never share one) on each server of ``--databases`` (``mysql``: ``mariadb.url()``'s), each
+    own, so two runs never share one) on each server of ``--databases`` (``mysql``: ``mariadb.url()``'s;
+    ``postgresql``: the harness's, ``BENCH_POSTGRESQL``), each
     in a process of its own (Django reads its settings once); into ``--json``: ``{vendor: figures, **top}``."""
     vendors = args.databases.split(",")
     if len(vendors) > 1:
@@ -152,7 +153,8 @@ def by_database(args: argparse.Namespace, name: str, measure: Callable[[str], Js
     else:
         from bench import mariadb  # it imports this module
 
-        server = "postgres://postgres@127.0.0.1:5432" if vendors[0] == "postgresql" else mariadb.url()
+        postgresql = os.environ.get("BENCH_POSTGRESQL") or "postgres://postgres@127.0.0.1:5432"
+        server = postgresql if vendors[0] == "postgresql" else mariadb.url()
         database = os.environ.get("BENCH_DATABASE") or name
         os.environ["DATABASE_URL"] = urlparse(server)._replace(path=f"/{database}").geturl()
         os.environ["BENCH_LOG_LEVEL"] = "WARNING"

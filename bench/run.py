@@ -191,6 +191,7 @@ def run_script(script: Script, section: str, size_name: str, dsn: str, with_mari
     if script.mariadb:
         args += ["--databases", "postgresql,mysql" if with_mariadb else "postgresql"]
         env["BENCH_DATABASE"] = f"{urlparse(dsn).path.lstrip('/')}_{section}"  # on each server
+        env["BENCH_POSTGRESQL"] = urlparse(dsn)._replace(path="").geturl()  # the harness's server
     if script.python and not script.python.exists():
         print(f"! {section}: {script.python.relative_to(ROOT)} is missing (python3 dev.py makes it)", flush=True)
         return {"failed": "no interpreter"}

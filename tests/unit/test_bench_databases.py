@@ -1,5 +1,6 @@
 """Two benchmark runs on databases of their own never share one: the sections measured on both servers
-(keyed drain, migrations) once wrote into fixed names, so a second run dropped the first one's tables."""
+(keyed drain, migrations) once wrote into fixed names, so a second run dropped the first one's tables; and
+they measure on the harness's servers (its PostgreSQL, MARIADB_URL's MariaDB), not on a default one."""
 
 from __future__ import annotations
 
@@ -8,11 +9,14 @@ import os
 from pathlib import Path
 from typing import Any
 
+import pytest
+
 from bench import common, run
 
 PROBE = (
     "import json, os, sys\n"
-    "json.dump({'name': os.environ.get('BENCH_DATABASE'), 'args': sys.argv[1:-2]}, open(sys.argv[-1], 'w'))\n"
+    "env = {k: os.environ.get(k) for k in ('BENCH_DATABASE', 'BENCH_POSTGRESQL')}\n"
+    "json.dump({**env, 'args': sys.argv[1:-2]}, open(sys.argv[-1], 'w'))\n"
 )
 
 
@@ -20,14 +24,29 @@ def test_the_harness_names_a_both_servers_sections_database_after_its_own(tmp_pa
     probe = tmp_path / "probe.py"
     probe.write_text(PROBE)
     script = run.Script(str(probe), "--json", smoke="--reps 1", mariadb=True)
-    dsn = "postgres://postgres@127.0.0.1:5432/bench_mine"
+    dsn = "postgres://bench@pg.internal:6432/bench_mine"
     figures = run.run_script(script, "keyed_drain", "smoke", dsn, with_mariadb=True)
-    assert figures == {"name": "bench_mine_keyed_drain", "args": ["--reps", "1", "--databases", "postgresql,mysql"]}
+    assert figures == {
+        "BENCH_DATABASE": "bench_mine_keyed_drain",
+        "BENCH_POSTGRESQL": "postgres://bench@pg.internal:6432",
+        "args": ["--reps", "1", "--databases", "postgresql,mysql"],
+    }
 
 
-def test_a_section_measures_in_the_named_database_on_mariadb_urls_server(monkeypatch: Any) -> None:
+@pytest.mark.parametrize(
+    ("vendor", "expected"),
+    [
+        ("mysql", "mysql://root@db.internal:3307/bench_mine_keyed_drain"),
+        ("postgresql", "postgres://bench@pg.internal:6432/bench_mine_keyed_drain"),
+    ],
+)
+def test_a_section_measures_in_the_named_database_on_the_harness_servers(
+    monkeypatch: Any, vendor: str, expected: str
+) -> None:
+    """MariaDB: ``MARIADB_URL``'s server; PostgreSQL: the harness's (``DATABASE_URL``'s), not a default."""
     monkeypatch.setenv("BENCH_DATABASE", "bench_mine_keyed_drain")
     monkeypatch.setenv("MARIADB_URL", "mysql://root@db.internal:3307/test")
+    monkeypatch.setenv("BENCH_POSTGRESQL", "postgres://bench@pg.internal:6432")
     monkeypatch.setenv("DATABASE_URL", "")
     seen: dict[str, str] = {}
 
@@ -35,5 +54,5 @@ def test_a_section_measures_in_the_named_database_on_mariadb_urls_server(monkeyp
         seen[vendor] = os.environ["DATABASE_URL"]
         return {}
 
-    common.by_database(argparse.Namespace(databases="mysql", json=None), "bench_keyed", measure)
-    assert seen == {"mysql": "mysql://root@db.internal:3307/bench_mine_keyed_drain"}
+    common.by_database(argparse.Namespace(databases=vendor, json=None), "bench_keyed", measure)
+    assert seen == {vendor: expected}
