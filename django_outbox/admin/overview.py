@@ -391,15 +391,18 @@ def blocked_keys(using: str = "default", *, limit: int = MAX_BLOCKED_KEYS_SHOWN)
         .annotate(head=Min("id"), dead=Count("id"))
         .order_by("head")[:limit]
     )
-    # Bounded like the rest: a key can hold hundreds of thousands of messages behind its dead head.
+    # Bounded like the rest: a key can hold hundreds of thousands of messages behind its dead head. Pending
+    # or processing, not pending alone: a plan may then not filter every pending row's heap page for the
+    # listed keys through the due index (10,000 page reads for a backlog spread over a million rows, past
+    # a DBA's 200 ms under load); it reads the listed keys' open rows on the open keys' index.
     listed = [h["key"] for h in heads]
-    keys_of_waiting = list(
-        messages.filter(status=Message.Status.PENDING, key__in=listed)
+    open_rows = list(
+        messages.filter(status__in=[Message.Status.PENDING, Message.Status.PROCESSING], key__in=listed)
         .order_by()
-        .values_list("key", flat=True)[: EXACT_COUNT_CAP + 1]
+        .values_list("key", "status")[: EXACT_COUNT_CAP + 1]
     )
-    exact = len(keys_of_waiting) <= EXACT_COUNT_CAP
-    waiting = collections.Counter(keys_of_waiting)
+    exact = len(open_rows) <= EXACT_COUNT_CAP
+    waiting = collections.Counter(key for key, status in open_rows if status == Message.Status.PENDING)
     return [
         BlockedKey(
             key=str(h["key"]),
