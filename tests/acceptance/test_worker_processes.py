@@ -166,6 +166,10 @@ def test_sigkill_mid_run_loses_nothing_and_duplicates_only_abandoned_attempts(se
         wait_for(holding.exists, timeout=60, interval=0.001)
         victim.kill()
         victim.proc.wait(timeout=10)
+        # A COMMIT the worker sent just before the signal still reaches the server after its death (a pooler
+        # forwards what the client wrote): what it held is what stays processing under its name once that
+        # has landed. Half a second, well inside its lease (3 s, renewed every second): nothing reaps it yet.
+        time.sleep(0.5)
         held = set(holding.values_list("id", flat=True))
         workers.append(worker_process("--until-empty", "--batch-size", "50", "--lease", "3"))
         if held:
