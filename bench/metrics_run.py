@@ -81,7 +81,8 @@ def metrics_run(seconds: float, result: Path) -> None:
             time.sleep(0.5)
     finally:
         worker.stop()
-    common.write_json(result, {"sent": n, "samples": samples})
+    result.parent.mkdir(parents=True, exist_ok=True)  # indent 1: the kept file's format
+    result.write_text(json.dumps({"sent": n, "samples": samples}, indent=1) + "\n", encoding="utf-8")
     print(f"sent {n}; {len(samples)} samples in {result}")
 
 
