@@ -141,8 +141,8 @@ def child_json(args: Sequence[str], *, flag: str = "--output", env: dict[str, st
 def by_database(args: argparse.Namespace, name: str, measure: Callable[[str], Json], **top: Any) -> None:
     """``measure(vendor)`` in the database ``name`` (``BENCH_DATABASE`` when set: the harness names it after its
     own, so two runs never share one) on each server of ``--databases`` (``mysql``: ``mariadb.url()``'s;
-    ``postgresql``: the harness's, ``BENCH_POSTGRESQL``), each
-    in a process of its own (Django reads its settings once); into ``--json``: ``{vendor: figures, **top}``."""
+    ``postgresql``: the harness's, ``BENCH_POSTGRESQL``), each in a process of its own (Django reads its
+    settings once); into ``--json``: ``{vendor: figures, **top}``."""
     vendors = args.databases.split(",")
     if len(vendors) > 1:
         script = str(Path(sys.argv[0]).resolve())

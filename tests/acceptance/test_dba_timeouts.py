@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import collections
+import contextlib
 import datetime as dt
 import json
 import os
@@ -200,24 +201,19 @@ def _assert_probes_answer(
     lag_bounds = {"HEALTH_LAG_SECONDS": 3600, "HEALTH_STALLED_SECONDS": 7200}
     settings.OUTBOX = {**settings.OUTBOX, "HEALTH_TOKEN": "c3" * 20, "ORDERING": "block", **lag_bounds}
     auth = {"HTTP_AUTHORIZATION": "Bearer " + "c3" * 20}
-    saved = dict(connection.settings_dict)
-    connection.close()
-    connection.settings_dict["USER"] = ROLE  # the next connection logs in as the DBA's role
     views._backlog = None
     caplog.clear()
     try:
-        with caplog.at_level("WARNING", logger="django_outbox"):
-            health = client.get("/outbox/health/", **auth)
-            health_records = list(caplog.records)
-            caplog.clear()
-            metrics = client.get("/outbox/metrics/", **auth)  # a 503 logs why: kept for the assertion
-        with connection.cursor() as cursor:
-            cursor.execute("SHOW statement_timeout")
-            assert cursor.fetchone() == ("200ms",)
+        with _as_the_role():
+            with caplog.at_level("WARNING", logger="django_outbox"):
+                health = client.get("/outbox/health/", **auth)
+                health_records = list(caplog.records)
+                caplog.clear()
+                metrics = client.get("/outbox/metrics/", **auth)  # a 503 logs why: kept for the assertion
+            with connection.cursor() as cursor:
+                cursor.execute("SHOW statement_timeout")
+                assert cursor.fetchone() == ("200ms",)
     finally:
-        connection.close()
-        connection.settings_dict.clear()
-        connection.settings_dict.update(saved)
         views._backlog = None
     with connection.cursor() as cursor:
         cursor.execute("SELECT extract(epoch FROM clock_timestamp() - %s)", [filling])
@@ -259,8 +255,7 @@ def _assert_admin_pages_answer(admin_client: Any) -> None:
         for page, sqls in statements.items():
             for sql in sqls:
                 if table in sql and sql.lstrip().upper().startswith("SELECT"):
-                    cursor.execute("EXPLAIN (ANALYZE, FORMAT JSON) " + sql)
-                    read = _seq_scan_rows(cursor.fetchone()[0][0]["Plan"], table)
+                    read = _seq_scan_rows(_analyzed_plan(cursor, sql), table)
                     if read > SEQ_SCAN_ROWS:
                         scans.append((page, read, sql[:300]))
     assert not scans, scans
@@ -269,21 +264,28 @@ def _assert_admin_pages_answer(admin_client: Any) -> None:
 def _admin_pages_as_the_role(admin_client: Any, pages: list[str]) -> dict[str, list[str]]:
     """Each admin page (a path under the message list) loaded over a session of the DBA's role: it answers
     (a statement past the role's 200 ms would fail it); each page's statements."""
-    saved = dict(connection.settings_dict)
-    connection.close()
-    connection.settings_dict["USER"] = ROLE
     statements: dict[str, list[str]] = {}
-    try:
+    with _as_the_role():
         for page in pages:
             with CaptureQueriesContext(connection) as captured:
                 response = admin_client.get("/admin/django_outbox/message/" + page)
             assert response.status_code == 200, (page, response.status_code)
             statements[page] = [q["sql"] for q in captured.captured_queries]
+    return statements
+
+
+@contextlib.contextmanager
+def _as_the_role() -> Iterator[None]:
+    """Django's connection logs in again as the DBA's role for the block, then as the test's own."""
+    saved = dict(connection.settings_dict)
+    connection.close()
+    connection.settings_dict["USER"] = ROLE
+    try:
+        yield
     finally:
         connection.close()
         connection.settings_dict.clear()
         connection.settings_dict.update(saved)
-    return statements
 
 
 #: The most rows a sequential scan of the message table may read for an admin page: a capped count's.
@@ -316,14 +318,20 @@ def test_the_blocked_keys_panel_reads_the_listed_keys_not_the_backlog(settings, 
         listed = overview.blocked_keys("default")
     assert len(listed) == overview.MAX_BLOCKED_KEYS_SHOWN
     pages = []
-    for query in captured.captured_queries:
-        with connection.cursor() as cursor:
-            cursor.execute("EXPLAIN (ANALYZE, BUFFERS, FORMAT JSON) " + query["sql"])
-            (plan,) = cursor.fetchone()
-        plan = (json.loads(plan) if isinstance(plan, str) else plan)[0]["Plan"]
-        pages.append((plan["Shared Hit Blocks"] + plan["Shared Read Blocks"], " ".join(query["sql"].split())[:160]))
+    with connection.cursor() as cursor:
+        for query in captured.captured_queries:
+            plan = _analyzed_plan(cursor, query["sql"], "BUFFERS")
+            pages.append((plan["Shared Hit Blocks"] + plan["Shared Read Blocks"], " ".join(query["sql"].split())[:160]))
     pending = Message.objects.filter(status="pending").count()
     assert max(pages)[0] < pending // 2, (pending, pages)
+
+
+def _analyzed_plan(cursor: Any, sql: str, *options: str) -> dict[str, Any]:
+    """The root node of ``sql``'s plan, run under ``EXPLAIN (ANALYZE, *options)``."""
+    cursor.execute(f"EXPLAIN (ANALYZE, {', '.join((*options, 'FORMAT JSON'))}) " + sql)
+    (plan,) = cursor.fetchone()
+    root: dict[str, Any] = (json.loads(plan) if isinstance(plan, str) else plan)[0]["Plan"]
+    return root
 
 
 def _rows_read(plan: dict[str, Any]) -> int:
@@ -361,8 +369,5 @@ def test_no_statement_of_the_probes_reads_the_whole_table(settings, statistics):
     worst = []
     for sql in statements:
         with overview.bounded_waits("default"), connection.cursor() as cursor:  # as the probes run them
-            cursor.execute("EXPLAIN (ANALYZE, FORMAT JSON) " + sql)
-            (plan,) = cursor.fetchone()
-        plan = json.loads(plan) if isinstance(plan, str) else plan
-        worst.append((_rows_read(plan[0]["Plan"]), " ".join(sql.split())[:160]))
+            worst.append((_rows_read(_analyzed_plan(cursor, sql)), " ".join(sql.split())[:160]))
     assert max(worst)[0] < TABLE_ROWS // 10, max(worst)
